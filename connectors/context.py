@@ -1,0 +1,45 @@
+"""What a connector sees of the engine: a small protocol the engine implements."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+
+class ConnectorContext(Protocol):
+    """The connection a connector reads for, and the engine services it may use."""
+
+    @property
+    def config(self) -> BaseModel:
+        """The connection's config, validated by the connector's ``config_model``."""
+        ...
+
+    @property
+    def credentials(self) -> Mapping[str, Any]:
+        """The decrypted credentials. Never log them."""
+        ...
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger that already carries the run, connection and attempt."""
+        ...
+
+    def cursor(self, table: str) -> Any | None:
+        """The cursor saved by the last completed batch of an incremental table."""
+        ...
+
+    @property
+    def aborted(self) -> bool:
+        """True once the run was cancelled, lost its lease, timed out or is shutting down."""
+        ...
+
+    def check_abort(self) -> None:
+        """Raise :class:`connectors.errors.Aborted` if the run was aborted."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, waking early (and raising ``Aborted``) if the run is aborted."""
+        ...

@@ -1,0 +1,78 @@
+"""Connectors registered by provider name: by decorator, or by a package's entry point in the
+``connector_sync.connectors`` group."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import TypeVar
+
+from connectors.base import Connector
+
+ENTRY_POINT_GROUP = "connector_sync.connectors"
+
+C = TypeVar("C", bound=type[Connector])
+
+_registered: dict[str, tuple[type[Connector], str]] = {}
+_entry_points_loaded = False
+
+
+class UnknownProvider(LookupError):  # noqa: N818 - reads as a sentence at the raise site
+    def __init__(self, provider: str, known: list[str]) -> None:
+        listing = ", ".join(known) or "none"
+        super().__init__(
+            f"no connector is registered for provider {provider!r} (installed: {listing}); "
+            "install the package that provides it"
+        )
+        self.provider = provider
+
+
+class DuplicateProvider(ValueError):
+    pass
+
+
+def register(cls: C) -> C:
+    """Class decorator: register ``cls`` under ``cls.provider``."""
+    _add(cls, f"{cls.__module__}.{cls.__qualname__}")
+    return cls
+
+
+def _add(cls: type[Connector], source: str) -> None:
+    provider = getattr(cls, "provider", None)
+    if not isinstance(provider, str) or not provider:
+        raise TypeError(f"{source} must set a non-empty `provider` class attribute")
+    existing = _registered.get(provider)
+    if existing is not None and existing[0] is not cls:
+        raise DuplicateProvider(
+            f"provider {provider!r} is registered twice: by {existing[1]} and by {source}"
+        )
+    _registered[provider] = (cls, source)
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        cls = ep.load()
+        _add(cls, f"entry point {ep.name!r} ({ep.value})")
+
+
+def get(provider: str) -> type[Connector]:
+    """The connector class registered for ``provider``."""
+    _load_entry_points()
+    try:
+        return _registered[provider][0]
+    except KeyError:
+        raise UnknownProvider(provider, sorted(_registered)) from None
+
+
+def providers() -> dict[str, type[Connector]]:
+    """Every registered provider name and its class."""
+    _load_entry_points()
+    return {name: cls for name, (cls, _) in sorted(_registered.items())}
+
+
+def unregister(provider: str) -> None:
+    """Remove a provider (tests use this to clean up after themselves)."""
+    _registered.pop(provider, None)

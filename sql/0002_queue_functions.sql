@@ -1,0 +1,225 @@
+-- Server-side functions for the three queue operations that need more than one statement to be
+-- correct under concurrency, yet must cost one round trip. In a VOLATILE plpgsql function under
+-- READ COMMITTED every statement takes a fresh snapshot: that is what closes the races below.
+
+-- The channel workers LISTEN on; one per schema so two installations never wake each other.
+CREATE FUNCTION notify_channel() RETURNS text
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$ SELECT 'connector_sync_' || current_schema() $$;
+
+
+-- enqueue_run: insert a queued sync run for an active connection, or return the run already
+-- queued/running for it. Invariant: one queued/running run per connection however many callers
+-- race (the partial unique index decides; the loop re-reads with a fresh snapshot, so a winner
+-- that committed after our statement began is still returned).
+-- FOR SHARE on the connection row serializes with delete_connection's status change, so no sync
+-- can be enqueued behind a purge.
+CREATE FUNCTION enqueue_run(p_connection_id bigint, p_workspace_id bigint, p_trigger text,
+                            p_max_attempts integer)
+RETURNS SETOF connection_runs
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    created connection_runs;
+BEGIN
+    FOR round IN 1..10 LOOP
+        INSERT INTO connection_runs (connection_id, workspace_id, provider, kind, status,
+                                     trigger, max_attempts)
+        SELECT c.id, c.workspace_id, c.provider, 'sync', 'queued', p_trigger, p_max_attempts
+          FROM connections c
+         WHERE c.id = p_connection_id
+           AND (p_workspace_id IS NULL OR c.workspace_id = p_workspace_id)
+           AND c.status = 'active'
+           FOR SHARE
+        ON CONFLICT (connection_id) WHERE status IN ('queued', 'running') DO NOTHING
+        RETURNING * INTO created;
+        IF FOUND THEN
+            PERFORM pg_notify(notify_channel(), 'enqueued');
+            RETURN NEXT created;
+            RETURN;
+        END IF;
+
+        RETURN QUERY
+            SELECT r.* FROM connection_runs r
+             WHERE r.connection_id = p_connection_id
+               AND (p_workspace_id IS NULL OR r.workspace_id = p_workspace_id)
+               AND r.status IN ('queued', 'running');
+        IF FOUND THEN
+            RETURN;
+        END IF;
+
+        -- Neither inserted nor found: either the connection is not active (the caller says why)
+        -- or the active run finished between our two statements, so try again.
+        IF NOT EXISTS (SELECT 1 FROM connections c
+                        WHERE c.id = p_connection_id
+                          AND (p_workspace_id IS NULL OR c.workspace_id = p_workspace_id)
+                          AND c.status = 'active') THEN
+            RETURN;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'enqueue_run: connection % kept changing under ten attempts', p_connection_id;
+END
+$$;
+
+
+-- claim_run: take the oldest claimable run, lock it and its workspace, and make it running under
+-- a fresh fencing token. Claimable: queued and due; running with an expired lease; a waiting
+-- purge whose connection has no queued/running run left.
+-- Invariant: two runs of one lane never hold live leases at once. The candidate query filters by
+-- the limiter, but its snapshot predates the workspace lock, so a run another claimer committed
+-- meanwhile is invisible to it. Every claimer of a workspace holds that workspace's row lock until
+-- it commits, so the re-check below (a new statement, a new snapshot, taken with the lock held)
+-- sees every run claimed before ours.
+-- FOR NO KEY UPDATE rather than FOR UPDATE: it excludes other claimers just the same, but does not
+-- conflict with the KEY SHARE locks that foreign-key checks take (an enqueue inserting a run of
+-- this workspace), so those never make a claimer skip a workspace.
+CREATE FUNCTION claim_run(p_worker_id text, p_lease interval)
+RETURNS SETOF connection_runs
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    candidate connection_runs;
+    passed    bigint[] := '{}';
+    token     uuid;
+BEGIN
+    FOR round IN 1..20 LOOP
+        SELECT r.* INTO candidate
+          FROM connection_runs r
+          JOIN workspaces w ON w.id = r.workspace_id
+         WHERE r.status IN ('waiting', 'queued', 'running')
+           AND r.queued_at <= now()
+           AND r.id <> ALL (passed)
+           AND CASE r.status
+                   WHEN 'queued' THEN true
+                   WHEN 'running' THEN r.lease_expires_at <= now()
+                   ELSE r.kind = 'purge' AND NOT EXISTS (
+                            SELECT 1 FROM connection_runs o
+                             WHERE o.connection_id = r.connection_id
+                               AND o.status IN ('queued', 'running'))
+               END
+           -- The limiter (see the re-check below).
+           AND NOT EXISTS (
+                   SELECT 1 FROM connection_runs o
+                    WHERE o.workspace_id = r.workspace_id
+                      AND o.status = 'running'
+                      AND o.lease_expires_at > now()
+                      AND (o.kind = 'purge' OR r.kind = 'purge' OR o.provider = r.provider))
+         ORDER BY r.queued_at, r.id
+         LIMIT 1
+           FOR NO KEY UPDATE OF r, w SKIP LOCKED;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+
+        -- The re-check of the limiter, with the workspace lock held: is another run of this
+        -- workspace running with a live lease such that the two may not overlap (either is a
+        -- purge, or both draw on the same provider)?
+        IF EXISTS (SELECT 1 FROM connection_runs o
+                    WHERE o.workspace_id = candidate.workspace_id
+                      AND o.status = 'running'
+                      AND o.lease_expires_at > now()
+                      AND o.id <> candidate.id
+                      AND (o.kind = 'purge' OR candidate.kind = 'purge'
+                           OR o.provider = candidate.provider))
+           OR (candidate.status = 'waiting' AND EXISTS (
+                   SELECT 1 FROM connection_runs o
+                    WHERE o.connection_id = candidate.connection_id
+                      AND o.status IN ('queued', 'running'))) THEN
+            passed := passed || candidate.id;
+            CONTINUE;
+        END IF;
+
+        IF candidate.status = 'running' THEN
+            UPDATE run_attempts
+               SET outcome = 'lost', finished_at = now(),
+                   error = jsonb_build_object(
+                       'kind', 'lease_expired',
+                       'message', 'the worker stopped renewing its lease; the run was claimed again')
+             WHERE run_id = candidate.id AND outcome IS NULL;
+
+            -- A crash on the last attempt leaves nothing to retry: dead-letter it.
+            IF candidate.attempts >= candidate.max_attempts THEN
+                UPDATE connection_runs
+                   SET status = 'failed', finished_at = now(),
+                       lease_owner = NULL, lease_expires_at = NULL,
+                       error = jsonb_build_object(
+                           'kind', 'lease_expired',
+                           'message', 'the worker running the last attempt stopped renewing its lease')
+                 WHERE id = candidate.id;
+                passed := passed || candidate.id;
+                CONTINUE;
+            END IF;
+        END IF;
+
+        token := gen_random_uuid();
+        INSERT INTO run_attempts (run_id, attempt, lease_owner, worker_id)
+        VALUES (candidate.id, candidate.attempts + 1, token, p_worker_id);
+
+        RETURN QUERY
+            UPDATE connection_runs
+               SET status = 'running',
+                   attempts = attempts + 1,
+                   lease_owner = token,
+                   lease_expires_at = now() + p_lease,
+                   worker_id = p_worker_id,
+                   started_at = coalesce(started_at, now())
+             WHERE id = candidate.id
+            RETURNING *;
+        RETURN;
+    END LOOP;
+END
+$$;
+
+
+-- delete_connection: mark the connection deleting, cancel its queued sync, and insert the purge
+-- run: waiting behind a sync that is still running, else queued. Returns the purge run (the one
+-- already pending, when called twice). Each statement sees what the previous ones committed or
+-- waited for: a claim racing the cancel makes the sync running, and the purge then waits for it.
+CREATE FUNCTION delete_connection(p_connection_id bigint, p_workspace_id bigint,
+                                  p_max_attempts integer)
+RETURNS SETOF connection_runs
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    conn connections;
+    busy boolean;
+BEGIN
+    UPDATE connections
+       SET status = 'deleting', next_run_at = NULL, updated_at = now()
+     WHERE id = p_connection_id
+       AND (p_workspace_id IS NULL OR workspace_id = p_workspace_id)
+    RETURNING * INTO conn;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+
+    UPDATE connection_runs
+       SET status = 'cancelled', finished_at = now(),
+           cancel_requested_at = coalesce(cancel_requested_at, now()),
+           error = jsonb_build_object('kind', 'cancelled',
+                                      'message', 'the connection was deleted')
+     WHERE connection_id = p_connection_id AND kind = 'sync' AND status = 'queued';
+
+    RETURN QUERY
+        SELECT r.* FROM connection_runs r
+         WHERE r.connection_id = p_connection_id AND r.kind = 'purge'
+           AND r.status IN ('waiting', 'queued', 'running');
+    IF FOUND THEN
+        RETURN;
+    END IF;
+
+    busy := EXISTS (SELECT 1 FROM connection_runs
+                     WHERE connection_id = p_connection_id AND status IN ('queued', 'running'));
+    RETURN QUERY
+        INSERT INTO connection_runs (connection_id, workspace_id, provider, kind, status,
+                                     trigger, max_attempts)
+        VALUES (conn.id, conn.workspace_id, conn.provider, 'purge',
+                CASE WHEN busy THEN 'waiting' ELSE 'queued' END, 'delete', p_max_attempts)
+        RETURNING *;
+    PERFORM pg_notify(notify_channel(), 'enqueued');
+END
+$$;

@@ -1,0 +1,440 @@
+-- Named queries. Each block starts with `-- name: <name>`, then comment lines stating what it
+-- does and the invariant it protects, then one statement. Python calls them by name
+-- (sync/queries.py); none is assembled from input. Names resolve through the connection's
+-- search_path, which is the configured schema.
+--
+-- "Fenced" means the statement writes only while the run row still names this claim's lease
+-- owner, is running and its lease is live; it locks that row until commit, so no claim can
+-- take the run between the check and the write. A stale worker's fenced write matches nothing.
+
+
+-- name: enqueue_run
+-- Queues a sync of an active connection, or returns the run already queued/running for it.
+SELECT * FROM enqueue_run(%(connection_id)s, %(workspace_id)s, %(trigger)s, %(max_attempts)s);
+
+-- name: claim_run
+-- Claims the oldest claimable run (see claim_run() in 0002_queue_functions.sql) and returns it
+-- with what the executor needs of its connection, in one round trip.
+SELECT r.*, c.name AS connection_name, c.status AS connection_status, c.config,
+       c.credentials
+  FROM claim_run(%(worker_id)s, %(lease)s) r
+  LEFT JOIN connections c ON c.id = r.connection_id;
+
+-- name: renew_lease
+-- Extends the lease of a run this claim still owns. Zero rows: the lease is lost (it expired,
+-- or another worker claimed the run) and the worker must stop the run at once. An expired lease
+-- is never revived: the limiter already treats it as free.
+UPDATE connection_runs
+   SET lease_expires_at = now() + %(lease)s
+ WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+   AND lease_expires_at > now()
+RETURNING lease_expires_at;
+
+-- name: read_run_control
+-- What the lease keeper polls: no row means the lease is lost; cancel_requested means stop.
+SELECT cancel_requested_at IS NOT NULL AS cancel_requested
+  FROM connection_runs
+ WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+   AND lease_expires_at > now();
+
+-- name: finish_run
+-- Seals a run with a terminal status, its results and error, and closes its attempt. Fenced: a
+-- stale owner's finish matches nothing. Wakes idle workers, since the lane it held is free.
+WITH sealed AS (
+    UPDATE connection_runs
+       SET status = %(status)s, finished_at = now(), lease_owner = NULL,
+           lease_expires_at = NULL, results = %(results)s, error = %(error)s,
+           processed_units = coalesce(%(processed_units)s, processed_units)
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+    RETURNING id
+), attempt AS (
+    UPDATE run_attempts
+       SET finished_at = now(), outcome = %(status)s, error = %(error)s, results = %(results)s
+     WHERE lease_owner = %(lease_owner)s AND EXISTS (SELECT 1 FROM sealed)
+), woken AS (
+    SELECT pg_notify(notify_channel(), 'finished') FROM sealed
+)
+SELECT (SELECT count(*) FROM sealed) AS sealed, (SELECT count(*) FROM woken) AS woken;
+
+-- name: requeue_run
+-- Hands a failed attempt's run back to the queue as the same row, due after the delay, keeping
+-- its attempts and per-table results. Re-checks the world in the same statement: if the
+-- connection is no longer active (a sync) or a cancel was requested, the run ends cancelled
+-- instead. Fenced. Returns the status the run ended in, or no row when the lease is lost.
+WITH run AS (
+    SELECT r.id,
+           r.cancel_requested_at IS NULL
+           AND (r.kind = 'purge'
+                OR EXISTS (SELECT 1 FROM connections c
+                            WHERE c.id = r.connection_id AND c.status = 'active')) AS may_retry
+      FROM connection_runs r
+     WHERE r.id = %(run_id)s AND r.lease_owner = %(lease_owner)s AND r.status = 'running'
+       AND r.lease_expires_at > now()
+       FOR NO KEY UPDATE
+), moved AS (
+    UPDATE connection_runs r
+       SET status = CASE WHEN run.may_retry THEN 'queued' ELSE 'cancelled' END,
+           queued_at = CASE WHEN run.may_retry
+                            THEN now() + make_interval(secs => %(delay_seconds)s)
+                            ELSE r.queued_at END,
+           finished_at = CASE WHEN run.may_retry THEN NULL ELSE now() END,
+           lease_owner = NULL, lease_expires_at = NULL,
+           results = %(results)s, error = %(error)s
+      FROM run
+     WHERE r.id = run.id
+    RETURNING r.status
+), attempt AS (
+    UPDATE run_attempts a
+       SET finished_at = now(), error = %(error)s, results = %(results)s,
+           outcome = CASE WHEN moved.status = 'queued' THEN 'retry' ELSE 'cancelled' END
+      FROM moved
+     WHERE a.lease_owner = %(lease_owner)s
+), woken AS (
+    SELECT pg_notify(notify_channel(), 'finished') FROM moved
+)
+SELECT moved.status, (SELECT count(*) FROM woken) AS woken FROM moved;
+
+-- name: hand_back_run
+-- Graceful shutdown: returns the run to the queue at once without spending an attempt, keeping
+-- the per-table results gathered so far. Fenced.
+WITH moved AS (
+    UPDATE connection_runs
+       SET status = 'queued', attempts = attempts - 1, queued_at = now(),
+           lease_owner = NULL, lease_expires_at = NULL, results = %(results)s
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+    RETURNING id
+), attempt AS (
+    UPDATE run_attempts
+       SET finished_at = now(), outcome = 'handed_back', results = %(results)s
+     WHERE lease_owner = %(lease_owner)s AND EXISTS (SELECT 1 FROM moved)
+), woken AS (
+    SELECT pg_notify(notify_channel(), 'enqueued') FROM moved
+)
+SELECT (SELECT count(*) FROM moved) AS moved, (SELECT count(*) FROM woken) AS woken;
+
+-- name: save_results
+-- Stores the per-table results gathered so far on the run, so a crash or cancel keeps them.
+-- Fenced.
+UPDATE connection_runs
+   SET results = %(results)s
+ WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+   AND lease_expires_at > now()
+RETURNING id;
+
+-- name: cancel_run
+-- A queued run is cancelled at once; a running one gets cancel_requested_at and its worker ends
+-- it. A purge cannot be cancelled (its connection is already half gone).
+WITH target AS (
+    UPDATE connection_runs
+       SET status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
+           finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END,
+           cancel_requested_at = coalesce(cancel_requested_at, now()),
+           error = CASE WHEN status = 'queued'
+                        THEN jsonb_build_object('kind', 'cancelled',
+                                                'message', 'cancelled before it started')
+                        ELSE error END
+     WHERE id = %(run_id)s
+       AND (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s)
+       AND kind = 'sync' AND status IN ('queued', 'running')
+    RETURNING *
+)
+SELECT * FROM target;
+
+-- name: retry_run
+-- An operator's retry of a dead-lettered (failed) run: the same row goes back to the queue with
+-- a fresh allowance of attempts, and every table that did not succeed is read again. Refused
+-- (no row) unless the run failed and, for a sync, its connection is still active; the unique
+-- index refuses it while the connection has another active run.
+UPDATE connection_runs r
+   SET status = 'queued', queued_at = now(), finished_at = NULL, error = NULL,
+       cancel_requested_at = NULL, max_attempts = r.attempts + %(max_attempts)s,
+       trigger = 'retry',
+       results = (SELECT coalesce(jsonb_object_agg(
+                             t.name, CASE WHEN t.result ->> 'status' = 'succeeded' THEN t.result
+                                          ELSE t.result || '{"status": "pending"}' END), '{}')
+                    FROM jsonb_each(r.results) AS t(name, result))
+ WHERE r.id = %(run_id)s
+   AND (%(workspace_id)s::bigint IS NULL OR r.workspace_id = %(workspace_id)s)
+   AND r.status = 'failed'
+   AND (r.kind = 'purge'
+        OR EXISTS (SELECT 1 FROM connections c
+                    WHERE c.id = r.connection_id AND c.status = 'active'))
+RETURNING *;
+
+-- name: enqueue_due_schedules
+-- Enqueues a run for each due active connection and advances its next_run_at from now, not from
+-- the old value: a connection six hours overdue on a 15-minute schedule gets one run. A due
+-- connection that already has an active run skips this tick. SKIP LOCKED lets any number of
+-- workers run this at once.
+WITH due AS (
+    SELECT id FROM connections
+     WHERE status = 'active' AND next_run_at <= now()
+     ORDER BY next_run_at
+     LIMIT %(limit)s
+       FOR NO KEY UPDATE SKIP LOCKED
+), advanced AS (
+    UPDATE connections c
+       SET next_run_at = now() + c.schedule_every
+      FROM due
+     WHERE c.id = due.id
+    RETURNING c.id, c.workspace_id, c.provider
+), queued AS (
+    INSERT INTO connection_runs (connection_id, workspace_id, provider, kind, status, trigger,
+                                 max_attempts)
+    SELECT id, workspace_id, provider, 'sync', 'queued', 'schedule', %(max_attempts)s
+      FROM advanced
+    ON CONFLICT (connection_id) WHERE status IN ('queued', 'running') DO NOTHING
+    RETURNING id
+), woken AS (
+    SELECT pg_notify(notify_channel(), 'enqueued') WHERE EXISTS (SELECT 1 FROM queued)
+)
+SELECT (SELECT count(*) FROM advanced) AS due, (SELECT count(*) FROM queued) AS queued,
+       (SELECT count(*) FROM woken) AS woken;
+
+-- name: write_record_batch
+-- Writes one batch of a table's records. Unchanged rows are filtered out by comparing content
+-- hashes in one indexed join *before* the upsert, so they are never locked, rewritten or logged.
+-- New, changed and tombstoned-then-seen-again rows are upserted; the keys of unchanged rows go to
+-- run_seen_keys for the tombstone anti-join. Fenced by the progress update of the run row.
+WITH fence AS (
+    UPDATE connection_runs
+       SET processed_units = processed_units + cardinality(%(external_ids)s::text[])
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+    RETURNING id
+), incoming AS (
+    SELECT i.external_id, i.data, i.content_hash
+      FROM unnest(%(external_ids)s::text[], %(datas)s::text[], %(hashes)s::bytea[])
+           AS i(external_id, data, content_hash)
+), compared AS (
+    SELECT i.external_id, i.data, i.content_hash,
+           s.external_id IS NOT NULL AND s.content_hash = i.content_hash
+           AND s.deleted_at IS NULL AS unchanged
+      FROM incoming i
+      LEFT JOIN records s
+        ON s.connection_id = %(connection_id)s AND s.table_name = %(table_name)s
+       AND s.external_id = i.external_id
+), written AS (
+    INSERT INTO records AS r (connection_id, table_name, external_id, data, content_hash,
+                              written_by)
+    SELECT %(connection_id)s, %(table_name)s, external_id, data::jsonb, content_hash,
+           %(lease_owner)s
+      FROM compared
+     WHERE NOT unchanged AND EXISTS (SELECT 1 FROM fence)
+    ON CONFLICT (connection_id, table_name, external_id) DO UPDATE
+       SET data = EXCLUDED.data, content_hash = EXCLUDED.content_hash, updated_at = now(),
+           deleted_at = NULL, written_by = EXCLUDED.written_by
+    RETURNING 1
+), seen AS (
+    INSERT INTO run_seen_keys (lease_owner, table_name, external_id)
+    SELECT %(lease_owner)s, %(table_name)s, external_id
+      FROM compared
+     WHERE unchanged AND %(track_seen)s AND EXISTS (SELECT 1 FROM fence)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM fence) AS fenced,
+       (SELECT count(*) FROM written) AS upserted,
+       (SELECT count(*) FROM seen) AS seen,
+       (SELECT count(*) FROM compared WHERE unchanged) AS unchanged;
+
+-- name: tombstone_ids
+-- Tombstones the rows an incremental table reports deleted upstream. Fenced.
+WITH fence AS (
+    SELECT id FROM connection_runs
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+       FOR SHARE
+), gone AS (
+    UPDATE records
+       SET deleted_at = now(), updated_at = now(), written_by = %(lease_owner)s
+     WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s
+       AND external_id = ANY (%(external_ids)s::text[]) AND deleted_at IS NULL
+       AND EXISTS (SELECT 1 FROM fence)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM gone) AS tombstoned;
+
+-- name: complete_full_table
+-- After a `full` table was read completely: tombstones its live rows that this attempt neither
+-- wrote nor saw unchanged (an anti-join against run_seen_keys; seen rows are not touched), stamps
+-- last_full_sync_at and clears the attempt's seen keys. Fenced. All parts share one snapshot, so
+-- the anti-join still sees the keys the same statement clears.
+WITH fence AS (
+    SELECT id FROM connection_runs
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+       FOR SHARE
+), gone AS (
+    UPDATE records r
+       SET deleted_at = now(), updated_at = now()
+     WHERE r.connection_id = %(connection_id)s AND r.table_name = %(table_name)s
+       AND r.deleted_at IS NULL AND r.written_by <> %(lease_owner)s
+       AND EXISTS (SELECT 1 FROM fence)
+       AND NOT EXISTS (SELECT 1 FROM run_seen_keys k
+                        WHERE k.lease_owner = %(lease_owner)s AND k.table_name = %(table_name)s
+                          AND k.external_id = r.external_id)
+    RETURNING 1
+), stamped AS (
+    INSERT INTO table_state (connection_id, table_name, last_full_sync_at)
+    SELECT %(connection_id)s, %(table_name)s, now() FROM fence
+    ON CONFLICT (connection_id, table_name) DO UPDATE
+       SET last_full_sync_at = now(), updated_at = now()
+    RETURNING 1
+), cleared AS (
+    DELETE FROM run_seen_keys
+     WHERE lease_owner = %(lease_owner)s AND table_name = %(table_name)s
+       AND EXISTS (SELECT 1 FROM fence)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM gone) AS tombstoned,
+       (SELECT count(*) FROM stamped) AS stamped, (SELECT count(*) FROM cleared) AS cleared;
+
+-- name: save_cursor
+-- Saves an incremental table's cursor, after the batch it covers was written. Fenced.
+WITH fence AS (
+    SELECT id FROM connection_runs
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+       FOR SHARE
+)
+INSERT INTO table_state (connection_id, table_name, cursor)
+SELECT %(connection_id)s, %(table_name)s, %(cursor)s FROM fence
+ON CONFLICT (connection_id, table_name) DO UPDATE
+   SET cursor = EXCLUDED.cursor, updated_at = now()
+RETURNING 1;
+
+-- name: read_cursors
+-- The saved cursors of a connection's tables.
+SELECT table_name, cursor FROM table_state WHERE connection_id = %(connection_id)s;
+
+-- name: clear_seen_keys
+-- Drops the seen keys an attempt left behind (a table that failed part-way). Only the owner of
+-- the keys calls this; sweep_seen_keys collects those of attempts that died.
+DELETE FROM run_seen_keys WHERE lease_owner = %(lease_owner)s;
+
+-- name: sweep_seen_keys
+-- Deletes, in a bounded batch, seen keys of attempts that are no longer running (crashed or
+-- lost workers never cleared theirs).
+WITH stale AS (
+    SELECT k.ctid FROM run_seen_keys k
+     WHERE NOT EXISTS (SELECT 1 FROM connection_runs r
+                        WHERE r.lease_owner = k.lease_owner AND r.status = 'running')
+     LIMIT %(limit)s
+)
+DELETE FROM run_seen_keys k USING stale WHERE k.ctid = stale.ctid;
+
+-- name: purge_records_batch
+-- Deletes one bounded batch of a deleted connection's records, and records how many the purge
+-- has deleted before this batch as its progress. Fenced.
+WITH fence AS (
+    UPDATE connection_runs
+       SET processed_units = %(processed_units)s
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+    RETURNING id
+), doomed AS (
+    SELECT table_name, external_id FROM records
+     WHERE connection_id = %(connection_id)s AND EXISTS (SELECT 1 FROM fence)
+     LIMIT %(limit)s
+), gone AS (
+    DELETE FROM records r
+     USING doomed d
+     WHERE r.connection_id = %(connection_id)s AND r.table_name = d.table_name
+       AND r.external_id = d.external_id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM gone) AS deleted;
+
+-- name: purge_connection_row
+-- Removes a deleted connection's table state and then its row, once no record of it is left.
+-- Its runs keep their history with connection_id set NULL. Fenced.
+WITH fence AS (
+    SELECT id FROM connection_runs
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+       FOR SHARE
+), gone AS (
+    DELETE FROM connections c
+     WHERE c.id = %(connection_id)s AND c.status = 'deleting'
+       AND EXISTS (SELECT 1 FROM fence)
+       AND NOT EXISTS (SELECT 1 FROM records r WHERE r.connection_id = %(connection_id)s)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM gone) AS deleted;
+
+-- name: heartbeat
+-- A worker's heartbeat: registers it on first call and says what it is running.
+INSERT INTO workers (id, hostname, pid, version, current_run_id)
+VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(version)s, %(current_run_id)s)
+ON CONFLICT (id) DO UPDATE
+   SET heartbeat_at = now(), current_run_id = EXCLUDED.current_run_id, stopped_at = NULL;
+
+-- name: worker_stopped
+UPDATE workers SET stopped_at = now(), current_run_id = NULL WHERE id = %(worker_id)s;
+
+-- name: create_workspace
+INSERT INTO workspaces (name) VALUES (%(name)s) RETURNING *;
+
+-- name: list_workspaces
+SELECT * FROM workspaces ORDER BY id;
+
+-- name: get_workspace
+SELECT * FROM workspaces WHERE id = %(workspace_id)s OR name = %(name)s ORDER BY id LIMIT 1;
+
+-- name: create_connection
+INSERT INTO connections (workspace_id, name, provider, config, credentials, schedule_every,
+                         next_run_at)
+VALUES (%(workspace_id)s, %(name)s, %(provider)s, %(config)s, %(credentials)s,
+        make_interval(secs => %(schedule_seconds)s),
+        CASE WHEN %(schedule_seconds)s::float8 IS NULL THEN NULL ELSE now() END)
+RETURNING *;
+
+-- name: list_connections
+SELECT * FROM connections
+ WHERE (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s)
+ ORDER BY id;
+
+-- name: get_connection
+SELECT * FROM connections
+ WHERE id = %(connection_id)s
+   AND (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s);
+
+-- name: set_connection_status
+-- Pause, resume or disconnect. A deleting connection never changes status again; resuming
+-- restarts its schedule from now.
+UPDATE connections
+   SET status = %(status)s, updated_at = now(),
+       next_run_at = CASE WHEN %(status)s = 'active' AND schedule_every IS NOT NULL
+                          THEN now() ELSE next_run_at END
+ WHERE id = %(connection_id)s
+   AND (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s)
+   AND status <> 'deleting'
+RETURNING *;
+
+-- name: delete_connection
+SELECT * FROM delete_connection(%(connection_id)s, %(workspace_id)s, %(max_attempts)s);
+
+-- name: list_runs
+SELECT * FROM connection_runs
+ WHERE (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s)
+   AND (%(connection_id)s::bigint IS NULL OR connection_id = %(connection_id)s)
+   AND (%(status)s::text IS NULL OR status = %(status)s)
+ ORDER BY id DESC
+ LIMIT %(limit)s;
+
+-- name: get_run
+SELECT * FROM connection_runs
+ WHERE id = %(run_id)s
+   AND (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s);
+
+-- name: list_attempts
+SELECT a.* FROM run_attempts a
+  JOIN connection_runs r ON r.id = a.run_id
+ WHERE a.run_id = %(run_id)s
+   AND (%(workspace_id)s::bigint IS NULL OR r.workspace_id = %(workspace_id)s)
+ ORDER BY a.id;
+
+-- name: list_workers
+SELECT w.*, now() - w.heartbeat_at AS since_heartbeat FROM workers w ORDER BY w.started_at;

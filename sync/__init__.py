@@ -1,0 +1,35 @@
+"""connector-sync: keeps third-party SaaS data synced into your own Postgres, with Postgres as
+the queue. The public face is small: open an :class:`Engine`, create workspaces and
+connections, queue syncs, and run :class:`Worker` processes."""
+
+from sync.api import Engine
+from sync.errors import (
+    Conflict,
+    DatabaseUnavailable,
+    InvalidInput,
+    MigrationError,
+    NotFound,
+    SchemaBehind,
+    SyncError,
+)
+from sync.models import Attempt, Connection, Run, WorkerInfo, Workspace
+from sync.settings import Settings
+from sync.worker import Worker
+
+__all__ = [
+    "Attempt",
+    "Conflict",
+    "Connection",
+    "DatabaseUnavailable",
+    "Engine",
+    "InvalidInput",
+    "MigrationError",
+    "NotFound",
+    "Run",
+    "SchemaBehind",
+    "Settings",
+    "SyncError",
+    "Worker",
+    "WorkerInfo",
+    "Workspace",
+]

@@ -1,0 +1,49 @@
+"""The one abort signal of a run. The run timeout, a lost lease, a cancel request and a graceful
+shutdown all trip it; the connector (through its context), the HTTP client and the record
+writer all listen to it."""
+
+from __future__ import annotations
+
+import threading
+
+from connectors.errors import Aborted
+from sync.retry_policy import AbortReason
+
+# When two reasons race, the stronger one is kept: a lost lease forbids any further write, and
+# a cancel request outranks a shutdown (the user asked for the run to end, not to come back).
+_STRENGTH = {
+    AbortReason.TIMEOUT: 0,
+    AbortReason.SHUTDOWN: 1,
+    AbortReason.CANCELLED: 2,
+    AbortReason.LEASE_LOST: 3,
+}
+
+
+class AbortSignal:
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._reason: AbortReason | None = None
+
+    def trip(self, reason: AbortReason) -> None:
+        with self._lock:
+            if self._reason is None or _STRENGTH[reason] > _STRENGTH[self._reason]:
+                self._reason = reason
+        self._event.set()
+
+    @property
+    def reason(self) -> AbortReason | None:
+        return self._reason
+
+    @property
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True if the signal tripped meanwhile."""
+        return self._event.wait(max(seconds, 0))
+
+    def check(self) -> None:
+        """Raise :class:`Aborted` if the signal has tripped."""
+        if self._event.is_set():
+            raise Aborted(str(self._reason))

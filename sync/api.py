@@ -1,0 +1,319 @@
+"""The Python API for applications and operators.
+
+``Engine`` opens the database (``DATABASE_URL``, or the embedded default) and does everything an
+application needs: workspaces, connections, sync now, cancel, retry, delete, read runs. An
+``Engine`` scoped to a workspace (``engine.scoped(workspace_id)``) can only see and change that
+workspace's connections and runs: every statement it sends carries the workspace id.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+from pydantic import ValidationError
+
+import connectors
+from sync.db import open_pool
+from sync.embedded import embedded_url
+from sync.errors import Conflict, InvalidInput, NotFound, describe_validation_error
+from sync.migrations import Migration, check_schema, grant, migrate
+from sync.models import Attempt, Connection, Run, WorkerInfo, Workspace
+from sync.queries import QUERIES
+from sync.secrets import SecretBox
+from sync.settings import Settings
+from sync.worker import Worker
+
+log = logging.getLogger("sync")
+
+
+class Engine:
+    """Entry point of the Python API. Close it (or use it as a context manager) when done."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        database_url: str | None = None,
+        pool_size: int | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.url = database_url or self.settings.database_url or embedded_url(self.settings.home)
+        self.embedded = not (database_url or self.settings.database_url)
+        self.pool: ConnectionPool = open_pool(self.settings, self.url, size=pool_size)
+        self._secrets: SecretBox | None = None
+        self._workspace_id: int | None = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._workspace_id is None:
+            self.pool.close()
+
+    @property
+    def secrets(self) -> SecretBox:
+        if self._secrets is None:
+            self._secrets = SecretBox.from_settings(self.settings)
+        return self._secrets
+
+    def scoped(self, workspace_id: int) -> Engine:
+        """A view of this engine that sees only one workspace. It shares the pool; closing it
+        does nothing."""
+        view = copy.copy(self)
+        view._workspace_id = workspace_id
+        return view
+
+    # -- schema ----------------------------------------------------------------------------
+
+    def migrate(self) -> list[Migration]:
+        with self.pool.connection() as conn:
+            return migrate(conn, self.settings.schema_name)
+
+    def check_schema(self) -> None:
+        with self.pool.connection() as conn:
+            check_schema(conn, self.settings.schema_name)
+
+    def grant(self, role: str) -> None:
+        with self.pool.connection() as conn:
+            grant(conn, self.settings.schema_name, role)
+
+    # -- workspaces ------------------------------------------------------------------------
+
+    def create_workspace(self, name: str) -> Workspace:
+        if not name.strip():
+            raise InvalidInput("a workspace needs a name")
+        try:
+            row = self._one(QUERIES.create_workspace, name=name)
+        except psycopg.errors.UniqueViolation:
+            raise Conflict(f"a workspace named {name!r} already exists") from None
+        return Workspace.from_row(row)
+
+    def workspaces(self) -> list[Workspace]:
+        rows = self._all(QUERIES.list_workspaces)
+        return [Workspace.from_row(r) for r in rows if self._sees(r["id"])]
+
+    def workspace(self, ref: int | str) -> Workspace:
+        """A workspace by id or name."""
+        as_id = int(ref) if isinstance(ref, int) or str(ref).isdigit() else None
+        row = self._maybe(QUERIES.get_workspace, workspace_id=as_id, name=str(ref))
+        if row is None or not self._sees(row["id"]):
+            raise NotFound(f"no workspace {ref!r}; list them with `connector-sync workspaces list`")
+        return Workspace.from_row(row)
+
+    # -- connections -----------------------------------------------------------------------
+
+    def create_connection(
+        self,
+        workspace_id: int,
+        name: str,
+        provider: str,
+        *,
+        config: Mapping[str, Any] | None = None,
+        credentials: Mapping[str, Any] | None = None,
+        schedule_every: timedelta | float | None = None,
+    ) -> Connection:
+        """Create a connection. The provider must be installed and the config must validate
+        against its model: a bad config is refused here, not later inside a run."""
+        if self._workspace_id is not None and workspace_id != self._workspace_id:
+            raise NotFound(f"no workspace {workspace_id}")
+        try:
+            cls = connectors.get(provider)
+        except connectors.UnknownProvider as exc:
+            raise InvalidInput(str(exc)) from None
+        try:
+            validated = cls.config_model.model_validate(dict(config or {}))
+        except ValidationError as exc:
+            raise InvalidInput(describe_validation_error(exc)) from None
+        seconds = (
+            schedule_every.total_seconds()
+            if isinstance(schedule_every, timedelta)
+            else schedule_every
+        )
+        if seconds is not None and seconds <= 0:
+            raise InvalidInput("schedule_every must be a positive duration")
+        try:
+            row = self._one(
+                QUERIES.create_connection,
+                workspace_id=workspace_id,
+                name=name,
+                provider=provider,
+                config=Jsonb(validated.model_dump(mode="json")),
+                credentials=self.secrets.encrypt(credentials) if credentials else None,
+                schedule_seconds=seconds,
+            )
+        except psycopg.errors.UniqueViolation:
+            raise Conflict(f"workspace {workspace_id} already has a connection {name!r}") from None
+        except psycopg.errors.ForeignKeyViolation:
+            raise NotFound(f"no workspace {workspace_id}") from None
+        except psycopg.errors.CheckViolation:
+            raise InvalidInput("a connection needs a non-empty name") from None
+        return Connection.from_row(row)
+
+    def connections(self, workspace_id: int | None = None) -> list[Connection]:
+        rows = self._all(QUERIES.list_connections, workspace_id=self._scope(workspace_id))
+        return [Connection.from_row(r) for r in rows]
+
+    def connection(self, connection_id: int) -> Connection:
+        row = self._maybe(
+            QUERIES.get_connection, connection_id=connection_id, workspace_id=self._workspace_id
+        )
+        if row is None:
+            raise NotFound(f"no connection {connection_id}")
+        return Connection.from_row(row)
+
+    def pause(self, connection_id: int) -> Connection:
+        return self._set_status(connection_id, "paused")
+
+    def resume(self, connection_id: int) -> Connection:
+        return self._set_status(connection_id, "active")
+
+    def _set_status(self, connection_id: int, status: str) -> Connection:
+        row = self._maybe(
+            QUERIES.set_connection_status,
+            connection_id=connection_id,
+            workspace_id=self._workspace_id,
+            status=status,
+        )
+        if row is None:
+            current = self.connection(connection_id)  # raises NotFound
+            raise Conflict(f"connection {connection_id} is {current.status}")
+        return Connection.from_row(row)
+
+    def delete_connection(self, connection_id: int) -> Run:
+        """Mark the connection deleting and queue its purge (behind a sync still running).
+        Returns the purge run; the connection row disappears when it succeeds."""
+        row = self._maybe(
+            QUERIES.delete_connection,
+            connection_id=connection_id,
+            workspace_id=self._workspace_id,
+            max_attempts=self.settings.max_attempts,
+        )
+        if row is None:
+            raise NotFound(f"no connection {connection_id}")
+        return Run.from_row(row)
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def sync(self, connection_id: int, *, trigger: str = "manual") -> Run:
+        """Queue a sync now, or return the one already queued or running."""
+        row = self._maybe(
+            QUERIES.enqueue_run,
+            connection_id=connection_id,
+            workspace_id=self._workspace_id,
+            trigger=trigger,
+            max_attempts=self.settings.max_attempts,
+        )
+        if row is None:
+            current = self.connection(connection_id)  # raises NotFound
+            raise Conflict(
+                f"connection {connection_id} is {current.status}; only an active connection "
+                "syncs" + (" (resume it first)" if current.status == "paused" else "")
+            )
+        return Run.from_row(row)
+
+    def cancel_run(self, run_id: int) -> Run:
+        """Cancel a queued run at once, or ask a running one to stop (it keeps its results)."""
+        row = self._maybe(QUERIES.cancel_run, run_id=run_id, workspace_id=self._workspace_id)
+        if row is None:
+            run = self.run(run_id)  # raises NotFound
+            if run.kind == "purge":
+                raise Conflict(f"run {run_id} is a purge; a purge cannot be cancelled")
+            raise Conflict(f"run {run_id} is {run.status}; only a queued or running run cancels")
+        return Run.from_row(row)
+
+    def retry_run(self, run_id: int) -> Run:
+        """Put a dead-lettered (failed) run back in the queue with a fresh set of attempts."""
+        try:
+            row = self._maybe(
+                QUERIES.retry_run,
+                run_id=run_id,
+                workspace_id=self._workspace_id,
+                max_attempts=self.settings.max_attempts,
+            )
+        except psycopg.errors.UniqueViolation:
+            raise Conflict(
+                f"run {run_id}'s connection already has a queued or running run"
+            ) from None
+        if row is None:
+            run = self.run(run_id)
+            if run.status != "failed":
+                raise Conflict(f"run {run_id} is {run.status}; only a failed run can be retried")
+            raise Conflict(f"run {run_id}'s connection is not active, so it cannot sync")
+        return Run.from_row(row)
+
+    def runs(
+        self,
+        *,
+        connection_id: int | None = None,
+        status: str | None = None,
+        workspace_id: int | None = None,
+        limit: int = 50,
+    ) -> list[Run]:
+        rows = self._all(
+            QUERIES.list_runs,
+            workspace_id=self._scope(workspace_id),
+            connection_id=connection_id,
+            status=status,
+            limit=limit,
+        )
+        return [Run.from_row(r) for r in rows]
+
+    def run(self, run_id: int) -> Run:
+        row = self._maybe(QUERIES.get_run, run_id=run_id, workspace_id=self._workspace_id)
+        if row is None:
+            raise NotFound(f"no run {run_id}")
+        return Run.from_row(row)
+
+    def attempts(self, run_id: int) -> list[Attempt]:
+        rows = self._all(QUERIES.list_attempts, run_id=run_id, workspace_id=self._workspace_id)
+        return [Attempt.from_row(r) for r in rows]
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def worker(self, *, worker_id: str | None = None, listen: bool = True) -> Worker:
+        """A worker on this engine's pool. Refuses (SchemaBehind) if the schema is behind."""
+        if self._workspace_id is not None:
+            raise InvalidInput("a workspace-scoped engine cannot run workers")
+        secrets = self.secrets
+        return Worker(
+            self.pool, self.settings, self.url, secrets=secrets, worker_id=worker_id, listen=listen
+        )
+
+    def workers(self) -> list[WorkerInfo]:
+        return [WorkerInfo.from_row(r) for r in self._all(QUERIES.list_workers)]
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _scope(self, workspace_id: int | None) -> int | None:
+        if self._workspace_id is not None:
+            if workspace_id not in (None, self._workspace_id):
+                raise NotFound(f"no workspace {workspace_id}")
+            return self._workspace_id
+        return workspace_id
+
+    def _sees(self, workspace_id: int) -> bool:
+        return self._workspace_id is None or workspace_id == self._workspace_id
+
+    def _maybe(self, query: Any, **params: Any) -> dict[str, Any] | None:
+        with self.pool.connection() as conn:
+            row: dict[str, Any] | None = conn.execute(query, params).fetchone()
+            return row
+
+    def _one(self, query: Any, **params: Any) -> dict[str, Any]:
+        row = self._maybe(query, **params)
+        assert row is not None
+        return row
+
+    def _all(self, query: Any, **params: Any) -> list[dict[str, Any]]:
+        with self.pool.connection() as conn:
+            return conn.execute(query, params).fetchall()

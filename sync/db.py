@@ -1,0 +1,101 @@
+"""Connections to Postgres: a pool for the engine's statements, dedicated connections for
+LISTEN, all with ``search_path`` set to the configured schema so the named queries need no
+schema prefix."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+from psycopg import conninfo
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from sync.errors import DatabaseUnavailable
+from sync.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Worker sessions never wait forever: a stuck statement or lock fails and is retried.
+SESSION_OPTIONS = {
+    "statement_timeout": "60s",
+    "lock_timeout": "30s",
+    "idle_in_transaction_session_timeout": "300s",
+}
+# Half-open TCP connections are noticed within about a minute.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
+
+
+def describe(url: str) -> str:
+    """The URL without its password, for messages."""
+    try:
+        params = conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "<unparseable database URL>"
+    params.pop("password", None)
+    host = params.get("host", "localhost")
+    return f"postgresql://{params.get('user', '')}@{host}:{params.get('port', 5432)}/{params.get('dbname', '')}"
+
+
+def connection_kwargs(settings: Settings, url: str) -> dict[str, Any]:
+    options = " ".join(f"-c {k}={v}" for k, v in SESSION_OPTIONS.items())
+    options += f" -c search_path={settings.schema_name}"
+    app = f"connector-sync/{settings.schema_name}"
+    return {"options": options, "application_name": app, **KEEPALIVES}
+
+
+def connect(settings: Settings, url: str, **kwargs: Any) -> psycopg.Connection[dict[str, Any]]:
+    """One autocommit connection (the LISTEN connection, migrations, tests)."""
+    try:
+        return psycopg.connect(
+            url,
+            autocommit=True,
+            row_factory=dict_row,
+            connect_timeout=10,
+            **connection_kwargs(settings, url),
+            **kwargs,
+        )
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to {describe(url)}: {first_line(exc)}; check DATABASE_URL and "
+            "that Postgres is running"
+        ) from None
+    except psycopg.ProgrammingError as exc:
+        raise DatabaseUnavailable(f"DATABASE_URL is not a valid Postgres URL: {exc}") from None
+
+
+def open_pool(settings: Settings, url: str, *, size: int | None = None) -> ConnectionPool:
+    """A pool of autocommit connections; transactions are explicit (``conn.transaction()``)."""
+    size = size or settings.pool_size
+    pool: ConnectionPool = ConnectionPool(
+        url,
+        min_size=1,
+        max_size=size,
+        kwargs={
+            "autocommit": True,
+            "row_factory": dict_row,
+            "connect_timeout": 10,
+            **connection_kwargs(settings, url),
+        },
+        open=False,
+        name="connector-sync",
+    )
+    try:
+        pool.open(wait=True, timeout=15)
+    except Exception as exc:
+        pool.close()
+        # Surface the real reason, not the pool's timeout.
+        connect(settings, url).close()
+        raise DatabaseUnavailable(f"cannot open a pool to {describe(url)}: {exc}") from None
+    return pool
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,113 @@
+"""What the Python API returns: plain frozen records, never the credentials themselves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import datetime, timedelta
+from typing import Any, Self
+from uuid import UUID
+
+
+class _FromRow:
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Self:
+        names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in row.items() if k in names})
+
+    def to_json(self) -> dict[str, Any]:
+        out = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            elif isinstance(value, timedelta):
+                value = value.total_seconds()
+            elif isinstance(value, UUID):
+                value = str(value)
+            out[f.name] = value
+        return out
+
+
+@dataclass(frozen=True)
+class Workspace(_FromRow):
+    id: int
+    name: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Connection(_FromRow):
+    id: int
+    workspace_id: int
+    name: str
+    provider: str
+    config: dict[str, Any]
+    status: str
+    schedule_every: timedelta | None
+    next_run_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+    has_credentials: bool = False
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Self:
+        row = dict(row)
+        row["has_credentials"] = row.pop("credentials", None) is not None
+        return super().from_row(row)
+
+
+@dataclass(frozen=True)
+class Run(_FromRow):
+    id: int
+    connection_id: int | None
+    workspace_id: int
+    provider: str
+    kind: str
+    status: str
+    trigger: str
+    attempts: int
+    max_attempts: int
+    queued_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    lease_owner: UUID | None
+    lease_expires_at: datetime | None
+    worker_id: str | None
+    cancel_requested_at: datetime | None
+    results: dict[str, Any]
+    error: dict[str, Any] | None
+    processed_units: int
+    total_units: int | None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({"succeeded", "partial", "failed", "cancelled"})
+
+
+@dataclass(frozen=True)
+class Attempt(_FromRow):
+    run_id: int
+    attempt: int
+    worker_id: str
+    lease_owner: UUID
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str | None
+    error: dict[str, Any] | None
+    results: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class WorkerInfo(_FromRow):
+    id: str
+    hostname: str
+    pid: int
+    version: str
+    started_at: datetime
+    heartbeat_at: datetime
+    stopped_at: datetime | None
+    current_run_id: int | None
+    since_heartbeat: timedelta

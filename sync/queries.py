@@ -1,0 +1,56 @@
+"""Loads the named queries of ``sql/queries.sql``: ``QUERIES.claim_run`` and so on."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import LiteralString, cast
+
+from psycopg import sql
+
+from sync.sqlfiles import sql_dir
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class NamedQuery:
+    name: str
+    doc: str
+    text: str
+
+    @property
+    def sql(self) -> sql.SQL:
+        return sql.SQL(cast(LiteralString, self.text))
+
+
+def parse(source: str) -> dict[str, NamedQuery]:
+    """Split a file of ``-- name:`` blocks; the comment lines after a name are its doc."""
+    queries: dict[str, NamedQuery] = {}
+    marks = list(_NAME.finditer(source))
+    for mark, following in zip(marks, [*marks[1:], None], strict=True):
+        body = source[mark.end() : following.start() if following else len(source)]
+        lines = body.strip("\n").splitlines()
+        doc = [line[3:] for line in lines if line.startswith("-- ")]
+        text = "\n".join(line for line in lines if not line.startswith("--")).strip()
+        if mark.group(1) in queries:
+            raise ValueError(f"query {mark.group(1)!r} is defined twice")
+        queries[mark.group(1)] = NamedQuery(mark.group(1), " ".join(doc), text.rstrip(";"))
+    return queries
+
+
+class _Queries:
+    def __init__(self) -> None:
+        self._by_name = parse((sql_dir() / "queries.sql").read_text())
+
+    def __getattr__(self, name: str) -> sql.SQL:
+        try:
+            return self._by_name[name].sql
+        except KeyError:
+            raise AttributeError(f"no query named {name!r} in queries.sql") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
+
+
+QUERIES = _Queries()

@@ -1,0 +1,198 @@
+"""The record writer: turns what a table read yields into fenced, batched writes.
+
+Per batch, one statement (``write_record_batch``) compares content hashes with the stored ones in
+an indexed join and upserts only new, changed or revived rows; unchanged rows are never sent to
+the upsert, so they cost no lock, no tuple version and no WAL. A ``full`` table read completely
+ends with ``complete_full_table``, which tombstones the rows this attempt did not see.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import psycopg
+from psycopg.types.json import Jsonb
+
+from connectors.base import Checkpoint, Deleted, Mode, Table
+from connectors.errors import PermanentError
+from sync.abort import AbortSignal
+from sync.errors import LeaseLost
+from sync.queries import QUERIES
+
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
+class RecordError(PermanentError):
+    """A record the engine cannot store (no primary key, a value Postgres rejects)."""
+
+    kind = "record"
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The claim a run's writes are fenced by."""
+
+    run_id: int
+    lease_owner: Any  # uuid.UUID
+
+
+def external_id(record: Mapping[str, Any], primary_key: str | tuple[str, ...], table: str) -> str:
+    """The row's key as text: the field's value, or a JSON array of a composite key's values."""
+    names = (primary_key,) if isinstance(primary_key, str) else primary_key
+    values = []
+    for name in names:
+        value = record.get(name)
+        if value is None or value == "":
+            raise RecordError(f"a record of table {table!r} has no primary key field {name!r}")
+        values.append(value)
+    if len(values) == 1:
+        return str(values[0])
+    return json.dumps(values, separators=(",", ":"), default=str)
+
+
+def encode(record: Mapping[str, Any], table: str, key: str) -> tuple[str, bytes]:
+    """The record as canonical JSON text (sorted keys, so equal records hash equal) and its
+    16-byte content hash."""
+    try:
+        raw = orjson.dumps(record, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
+                           default=str)
+    except TypeError as exc:  # orjson.JSONEncodeError included
+        if "Integer exceeds 64-bit range" not in str(exc):
+            raise RecordError(f"record {key!r} of table {table!r} is not JSON: {exc}") from None
+        raw = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str).encode()
+    if b"\\u0000" in raw and _NUL_ESCAPE.search(raw):
+        raise RecordError(
+            f"record {key!r} of table {table!r} contains a NUL character (\\u0000), which "
+            "Postgres cannot store in jsonb"
+        )
+    return raw.decode(), hashlib.blake2b(raw, digest_size=16).digest()
+
+
+@dataclass
+class WriteCounts:
+    upserted: int = 0
+    unchanged: int = 0
+    tombstoned: int = 0
+
+
+class RecordWriter:
+    """Buffers one table's items and writes them in fenced batches on ``conn``."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        lease: Lease,
+        connection_id: int,
+        table: Table,
+        *,
+        batch_size: int,
+        abort: AbortSignal,
+    ) -> None:
+        self._conn = conn
+        self._lease = lease
+        self._connection_id = connection_id
+        self._table = table
+        self._batch_size = batch_size
+        self._abort = abort
+        self._records: dict[str, tuple[str, bytes]] = {}
+        self._deletions: set[str] = set()
+        self.counts = WriteCounts()
+
+    def write(self, item: Any) -> None:
+        """Take a record (a mapping), a :class:`Deleted`, a :class:`Checkpoint` or a page of
+        them."""
+        if isinstance(item, Mapping):
+            self._add_record(item)
+        elif isinstance(item, Deleted):
+            self._add_deletion(str(item.external_id))
+        elif isinstance(item, Checkpoint):
+            self.flush()
+            self._save_cursor(item.cursor)
+        elif isinstance(item, Sequence | Iterable) and not isinstance(item, str | bytes):
+            for inner in item:
+                self.write(inner)
+        else:
+            raise RecordError(
+                f"table {self._table.name!r} yielded a {type(item).__name__}; yield dicts, "
+                "Deleted, Checkpoint or lists of them"
+            )
+
+    def _add_record(self, record: Mapping[str, Any]) -> None:
+        key = external_id(record, self._table.primary_key, self._table.name)
+        self._deletions.discard(key)
+        self._records[key] = encode(record, self._table.name, key)
+        if len(self._records) >= self._batch_size:
+            self.flush()
+
+    def _add_deletion(self, key: str) -> None:
+        if self._table.mode is not Mode.INCREMENTAL:
+            raise RecordError(
+                f"table {self._table.name!r} is a full table; deletions are found by the engine "
+                "and only incremental tables report them"
+            )
+        self._records.pop(key, None)
+        self._deletions.add(key)
+        if len(self._deletions) >= self._batch_size:
+            self.flush()
+
+    def flush(self, *, check_abort: bool = True) -> None:
+        """Write the buffered records, then the buffered deletions."""
+        if check_abort:
+            self._abort.check()
+        if self._records:
+            keys = list(self._records)
+            datas = [self._records[k][0] for k in keys]
+            hashes = [self._records[k][1] for k in keys]
+            row = self._one(
+                QUERIES.write_record_batch,
+                external_ids=keys,
+                datas=datas,
+                hashes=hashes,
+                track_seen=self._table.mode is Mode.FULL,
+            )
+            self.counts.upserted += row["upserted"]
+            self.counts.unchanged += row["unchanged"]
+            self._records.clear()
+        if self._deletions:
+            row = self._one(QUERIES.tombstone_ids, external_ids=sorted(self._deletions))
+            self.counts.tombstoned += row["tombstoned"]
+            self._deletions.clear()
+
+    def complete(self) -> None:
+        """The table was read to its end: flush, and for a ``full`` table tombstone the rows
+        this attempt did not see."""
+        self.flush()
+        if self._table.mode is Mode.FULL:
+            self._abort.check()
+            row = self._one(QUERIES.complete_full_table)
+            self.counts.tombstoned += row["tombstoned"]
+
+    def _save_cursor(self, cursor: Any) -> None:
+        self._abort.check()
+        found = self._conn.execute(
+            QUERIES.save_cursor, {**self._params(), "cursor": Jsonb(cursor)}
+        ).fetchone()
+        if not found:
+            raise LeaseLost()
+
+    def _one(self, query: Any, **params: Any) -> dict[str, Any]:
+        row: dict[str, Any] | None = self._conn.execute(
+            query, {**self._params(), **params}
+        ).fetchone()
+        if not row or not row["fenced"]:
+            raise LeaseLost()
+        return row
+
+    def _params(self) -> dict[str, Any]:
+        return {
+            "run_id": self._lease.run_id,
+            "lease_owner": self._lease.lease_owner,
+            "connection_id": self._connection_id,
+            "table_name": self._table.name,
+        }

@@ -1,0 +1,58 @@
+"""Every tunable of the engine, from env vars (``CONNECTOR_SYNC_*``, plus ``DATABASE_URL``) and
+CLI flags, in one pydantic-settings model. Defaults are SPEC's."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CONNECTOR_SYNC_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("DATABASE_URL", "CONNECTOR_SYNC_DATABASE_URL"),
+        description="The Postgres to use; unset means the embedded one under `home`.",
+    )
+    home: Path = Field(default=Path(".connector-sync"), description="Embedded Postgres, keys.")
+    schema_name: str = Field(
+        default="sync",
+        validation_alias=AliasChoices("CONNECTOR_SYNC_SCHEMA", "schema_name"),
+        description="The schema every table lives in.",
+    )
+    secret_keys: SecretStr | None = Field(
+        default=None,
+        description="Comma-separated Fernet keys; the first encrypts, all decrypt (rotation).",
+    )
+
+    lease_seconds: float = Field(default=120.0, gt=0)
+    poll_interval: float = Field(default=2.0, gt=0)
+    control_interval: float = Field(default=2.0, gt=0)
+    heartbeat_interval: float = Field(default=15.0, gt=0)
+    run_timeout_seconds: float = Field(default=6 * 3600.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1)
+    backoff_seconds: tuple[float, ...] = Field(default=(5.0, 30.0, 120.0), min_length=1)
+    backoff_jitter: float = Field(default=0.2, ge=0, lt=1)
+    batch_size: int = Field(default=1000, ge=1)
+    purge_batch_size: int = Field(default=5000, ge=1)
+    schedule_batch: int = Field(default=100, ge=1)
+    sweep_batch: int = Field(default=10000, ge=1)
+    pool_size: int = Field(default=4, ge=3)
+
+    @field_validator("schema_name")
+    @classmethod
+    def _schema_is_identifier(cls, value: str) -> str:
+        if not _IDENTIFIER.match(value):
+            raise ValueError("must be a lower-case SQL identifier such as `sync`")
+        return value
+
+    @property
+    def renew_interval(self) -> float:
+        """Leases are renewed at a third of their length."""
+        return self.lease_seconds / 3

@@ -1,0 +1,279 @@
+"""The worker process: one run at a time, awaited inline; scale by running more processes.
+
+``Worker.poll()`` runs a fixed list of stages once (heartbeat, due schedules, claim and execute
+at most one run, sweep), each wrapped so one failing stage never skips the others. ``run()``
+loops ``poll(); wait(poll_interval)``, woken early by LISTEN/NOTIFY. Tests call ``poll()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from importlib.metadata import PackageNotFoundError, version
+from types import FrameType
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from sync.db import connect, first_line
+from sync.executor import ClaimedRun, Executor
+from sync.lease import LeaseKeeper
+from sync.migrations import check_schema
+from sync.queries import QUERIES
+from sync.retry_policy import AbortReason
+from sync.secrets import SecretBox
+from sync.settings import Settings
+
+log = logging.getLogger("sync.worker")
+
+SWEEP_EVERY = 60.0  # seconds between sweeps of orphaned seen keys
+
+
+def _version() -> str:
+    try:
+        return version("connector-sync")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "0+unknown"
+
+
+class Listener:
+    """Holds a LISTEN connection and sets ``wake`` on every notification. Reconnects with
+    backoff when the connection drops, and wakes the worker after reconnecting, since
+    notifications sent meanwhile are lost."""
+
+    def __init__(self, settings: Settings, url: str, wake: threading.Event) -> None:
+        self._settings = settings
+        self._url = url
+        self._wake = wake
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        self.connected = threading.Event()
+        self.failures = 0
+
+    def start(self) -> None:
+        if self.alive:
+            return
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._loop, name="listener", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        conn = self._conn
+        if conn is not None:
+            try:
+                conn.cancel_safe(timeout=2)
+            except Exception:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self) -> None:
+        delay = 0.5
+        while not self._stopping.is_set():
+            try:
+                with connect(self._settings, self._url) as conn:
+                    self._conn = conn
+                    channel = conn.execute("SELECT notify_channel() AS c").fetchone()
+                    assert channel is not None
+                    conn.execute(
+                        psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel["c"]))
+                    )
+                    self.connected.set()
+                    self._wake.set()
+                    delay = 0.5
+                    while not self._stopping.is_set():
+                        # The timeout doubles as a liveness check of a half-open connection.
+                        for _ in conn.notifies(timeout=5.0, stop_after=1):
+                            self._wake.set()
+                        conn.execute("SELECT 1")
+            except Exception as exc:
+                self.connected.clear()
+                if self._stopping.is_set():
+                    return
+                self.failures += 1
+                log.warning(
+                    "LISTEN connection lost (%s); reconnecting in %.1f s", first_line(exc), delay
+                )
+                self._stopping.wait(delay)
+                delay = min(delay * 2, 30.0)
+            finally:
+                self._conn = None
+
+
+class Worker:
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        settings: Settings,
+        url: str,
+        *,
+        secrets: SecretBox | None = None,
+        worker_id: str | None = None,
+        listen: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._pool = pool
+        self._url = url
+        self._wake = threading.Event()
+        self._running = False
+        self._stop_requested = False
+        self._keeper = LeaseKeeper(pool, settings)
+        self._listener = Listener(settings, url, self._wake) if listen else None
+        self._executor = Executor(pool, settings, secrets, self._keeper, self.id)
+        self._last_heartbeat = float("-inf")
+        self._last_sweep = float("-inf")
+        self._current_run_id: int | None = None
+        self.stage_failures: dict[str, int] = {}
+        self.runs_executed = 0
+        with pool.connection() as conn:
+            check_schema(conn, settings.schema_name)
+        self._stages: list[tuple[str, Callable[[], bool]]] = [
+            ("heartbeat", self._heartbeat),
+            ("schedules", self._enqueue_schedules),
+            ("claim", self._claim_and_execute),
+            ("sweep", self._sweep),
+        ]
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def poll(self) -> bool:
+        """Run every stage once. True if a run was executed (there may be more waiting)."""
+        self._keeper.start()
+        executed = False
+        for name, stage in self._stages:
+            try:
+                executed = stage() or executed
+            except Exception as exc:
+                self.stage_failures[name] = self.stage_failures.get(name, 0) + 1
+                if isinstance(exc, psycopg.OperationalError):
+                    log.warning("stage %s failed: %s", name, first_line(exc))
+                else:
+                    log.exception("stage %s failed", name)
+        return executed
+
+    def run(self, *, once: bool = False, install_signals: bool = True) -> None:
+        """Poll until stopped (SIGTERM/SIGINT or ``stop()``). ``once``: a single poll."""
+        if install_signals:
+            self._install_signal_handlers()
+        self._running = True
+        if self._listener is not None and not once:
+            self._listener.start()
+        log.info("worker %s started", self.id)
+        try:
+            while self._running:
+                self._wake.clear()
+                executed = self.poll()
+                if once:
+                    break
+                if self._listener is not None and not self._listener.alive:
+                    log.error("the LISTEN thread died; restarting it")
+                    self._listener.start()
+                if not executed:
+                    self._wake.wait(self.settings.poll_interval)
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        """Graceful shutdown: the running run is handed back to the queue at once."""
+        self._running = False
+        self._stop_requested = True
+        current = self._executor.current
+        if current is not None:
+            current.trip(AbortReason.SHUTDOWN)
+        self._wake.set()
+
+    def close(self) -> None:
+        self._running = False
+        if self._listener is not None:
+            self._listener.stop()
+        self._keeper.stop()
+        try:
+            with self._pool.connection(timeout=5) as conn:
+                conn.execute(QUERIES.worker_stopped, {"worker_id": self.id})
+        except Exception as exc:
+            log.warning("could not record the worker's stop: %s", first_line(exc))
+        log.info("worker %s stopped", self.id)
+
+    def _install_signal_handlers(self) -> None:
+        def handle(signum: int, frame: FrameType | None) -> None:
+            log.info("received %s: finishing up", signal.Signals(signum).name)
+            self.stop()
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, handle)
+            signal.signal(signal.SIGINT, handle)
+
+    # -- stages ----------------------------------------------------------------------------
+
+    def _heartbeat(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_heartbeat < self.settings.heartbeat_interval:
+            return False
+        with self._pool.connection() as conn:
+            conn.execute(
+                QUERIES.heartbeat,
+                {
+                    "worker_id": self.id,
+                    "hostname": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "version": _version(),
+                    "current_run_id": self._current_run_id,
+                },
+            )
+        self._last_heartbeat = now
+        return False
+
+    def _enqueue_schedules(self) -> bool:
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                QUERIES.enqueue_due_schedules,
+                {"limit": self.settings.schedule_batch,
+                 "max_attempts": self.settings.max_attempts},
+            ).fetchone()
+        if row and row["queued"]:
+            log.info("enqueued %d scheduled run(s)", row["queued"])
+        return False
+
+    def _claim_and_execute(self) -> bool:
+        if self._stop_requested:
+            return False
+        with self._pool.connection() as conn:
+            row = conn.execute(
+                QUERIES.claim_run,
+                {"worker_id": self.id, "lease": timedelta(seconds=self.settings.lease_seconds)},
+            ).fetchone()
+        if row is None:
+            return False
+        run = ClaimedRun.from_row(row)
+        self._current_run_id = run.id
+        self._last_heartbeat = float("-inf")  # say what we run on the next heartbeat
+        try:
+            self._executor.execute(run)
+        finally:
+            self._current_run_id = None
+            self.runs_executed += 1
+        return True
+
+    def _sweep(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_sweep < SWEEP_EVERY:
+            return False
+        self._last_sweep = now
+        with self._pool.connection() as conn:
+            conn.execute(QUERIES.sweep_seen_keys, {"limit": self.settings.sweep_batch})
+        return False

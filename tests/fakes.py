@@ -1,0 +1,140 @@
+"""Connectors for tests. `memory` and `memory_events` read datasets that tests put in DATASETS
+(same process only); `filedata` reads a JSON file named in its config, so worker subprocesses
+see what the test writes; `sleepy` reads nothing and sleeps, for the concurrency stress."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from connectors import Checkpoint, Connector, Deleted, Mode, Table, register
+
+
+@dataclass
+class Dataset:
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # table -> (rows to yield first, exception to raise then)
+    failures: dict[str, tuple[int, BaseException]] = field(default_factory=dict)
+    # table -> called before each row with the row's index (to pause, signal, break things)
+    before_row: dict[str, Callable[[int], None]] = field(default_factory=dict)
+    deletions: dict[str, list[str]] = field(default_factory=dict)
+    reads: list[str] = field(default_factory=list)
+
+
+DATASETS: dict[str, Dataset] = {}
+_lock = threading.Lock()
+
+
+class MemoryConfig(BaseModel):
+    dataset: str
+    page_size: int = 100
+
+
+@register
+class MemoryConnector(Connector):
+    provider = "memory"
+    tables = (Table("items", "id", Mode.FULL), Table("notes", ("owner", "n"), Mode.FULL))
+    config_model = MemoryConfig
+
+    def read(self, table: Table) -> Iterator[Any]:
+        config = self.context.config
+        assert isinstance(config, MemoryConfig)
+        dataset = DATASETS[config.dataset]
+        with _lock:
+            dataset.reads.append(table.name)
+        rows = list(dataset.tables.get(table.name, []))
+        failure = dataset.failures.get(table.name)
+        hook = dataset.before_row.get(table.name)
+        page: list[Any] = []
+        for index, row in enumerate(rows):
+            if failure is not None and index == failure[0]:
+                raise failure[1]
+            if hook is not None:
+                hook(index)
+            page.append(row)
+            if len(page) >= config.page_size:
+                yield page
+                page = []
+        if page:
+            yield page
+        if failure is not None and failure[0] >= len(rows):
+            raise failure[1]
+
+
+@register
+class MemoryEventsConnector(Connector):
+    """An incremental table: rows carry a `seq`; the cursor is the highest seq written."""
+
+    provider = "memory_events"
+    tables = (Table("events", "id", Mode.INCREMENTAL),)
+    config_model = MemoryConfig
+
+    def read(self, table: Table) -> Iterator[Any]:
+        config = self.context.config
+        assert isinstance(config, MemoryConfig)
+        dataset = DATASETS[config.dataset]
+        since = (self.context.cursor(table.name) or {}).get("seq", 0)
+        failure = dataset.failures.get(table.name)
+        emitted = 0
+        for row in sorted(dataset.tables.get(table.name, []), key=lambda r: r["seq"]):
+            if row["seq"] <= since:
+                continue
+            if failure is not None and emitted == failure[0]:
+                raise failure[1]
+            yield row
+            emitted += 1
+            yield Checkpoint({"seq": row["seq"]})
+        for gone in dataset.deletions.get(table.name, []):
+            yield Deleted(gone)
+
+
+class FileConfig(BaseModel):
+    path: str
+    row_delay: float = 0.0
+
+
+@register
+class FileDataConnector(Connector):
+    """Reads {"items": [...]} from a JSON file, re-read at the start of each table."""
+
+    provider = "filedata"
+    tables = (Table("items", "id", Mode.FULL),)
+    config_model = FileConfig
+
+    def read(self, table: Table) -> Iterator[Any]:
+        config = self.context.config
+        assert isinstance(config, FileConfig)
+        with open(config.path) as handle:
+            rows = json.load(handle).get(table.name, [])
+        for row in rows:
+            if config.row_delay:
+                time.sleep(config.row_delay)  # deliberately deaf to the abort signal
+            yield row
+
+
+class SleepyConfig(BaseModel):
+    sleep_ms: float = 2.0
+    rows: int = 0
+
+
+class _Sleepy(Connector):
+    tables = (Table("items", "id", Mode.FULL),)
+    config_model = SleepyConfig
+
+    def read(self, table: Table) -> Iterator[Any]:
+        config = self.context.config
+        assert isinstance(config, SleepyConfig)
+        time.sleep(config.sleep_ms / 1000)
+        for i in range(config.rows):
+            yield {"id": i, "value": i}
+
+
+# Three providers for the limiter stress.
+for _name in ("sleepy_a", "sleepy_b", "sleepy_c"):
+    register(type(f"Sleepy_{_name}", (_Sleepy,), {"provider": _name}))

@@ -1,0 +1,195 @@
+"""Retry in place, dead-lettering, operator retry, cancel, and the schedule."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from connectors import RateLimited, RetryableError
+from sync import Conflict, Engine
+from tests.fakes import DATASETS
+from tests.test_sync_flow import items, new_dataset
+
+
+def make_due(admin: Any, run_id: int) -> None:
+    """Skip the backoff wait: the test is about what happens next, not about the clock."""
+    admin.execute("UPDATE connection_runs SET queued_at = now() WHERE id = %s", (run_id,))
+
+
+def queued_delay(admin: Any, run_id: int) -> float:
+    row = admin.execute(
+        "SELECT extract(epoch FROM queued_at - a.finished_at) AS delay "
+        "FROM connection_runs r JOIN run_attempts a ON a.run_id = r.id "
+        "WHERE r.id = %s ORDER BY a.id DESC LIMIT 1",
+        (run_id,),
+    ).fetchone()
+    return float(row["delay"])
+
+
+def test_retryable_failure_requeues_the_same_row_then_dead_letters(
+    engine: Engine, admin: Any
+) -> None:
+    key, data = new_dataset(items=items(1, 2))
+    data.failures["items"] = (1, RetryableError("upstream said 502"))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+    run = engine.sync(conn.id)
+    worker = engine.worker(listen=False)
+
+    expected_base = [5.0, 30.0]
+    for attempt, base in enumerate(expected_base, start=1):
+        assert worker.poll()
+        now = engine.run(run.id)
+        assert now.id == run.id and now.status == "queued" and now.attempts == attempt
+        assert now.lease_owner is None
+        assert now.error["kind"] == "retryable" and now.error["table"] == "items"
+        # notes succeeded in attempt 1 and is not read again.
+        assert now.results["notes"]["status"] == "succeeded"
+        assert base * 0.8 - 0.01 <= queued_delay(admin, run.id) <= base * 1.2 + 0.01
+        assert worker.poll() is False  # not due yet
+        make_due(admin, run.id)
+
+    assert DATASETS[key].reads.count("notes") == 1
+    assert worker.poll()
+    final = engine.run(run.id)
+    assert final.status == "failed" and final.attempts == 3
+    assert final.error["message"].startswith("gave up after 3 attempt(s)")
+    assert final.results["items"]["status"] == "failed"
+    assert [a.outcome for a in engine.attempts(run.id)] == ["retry", "retry", "failed"]
+
+    # The operator fixes upstream and retries the dead-lettered run: same row, queued again.
+    del data.failures["items"]
+    again = engine.retry_run(run.id)
+    assert again.id == run.id and again.status == "queued" and again.max_attempts == 6
+    assert worker.poll()
+    done = engine.run(run.id)
+    assert done.status == "succeeded" and done.attempts == 4
+    assert len(engine.attempts(run.id)) == 4
+    with pytest.raises(Conflict):
+        engine.retry_run(run.id)
+
+
+def test_retry_after_overrides_the_backoff(engine: Engine, admin: Any) -> None:
+    key, data = new_dataset(items=items(1))
+    data.failures["items"] = (0, RateLimited("slow down", retry_after=600))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+    run = engine.sync(conn.id)
+    worker = engine.worker(listen=False)
+    assert worker.poll()
+    now = engine.run(run.id)
+    assert now.status == "queued"
+    assert now.error["kind"] == "rate_limited"
+    assert 599.9 <= queued_delay(admin, run.id) <= 600.1
+    # The rate limit ended the attempt: the other table waits for the next one.
+    assert now.results["notes"]["status"] == "pending"
+
+
+def test_ten_concurrent_enqueues_make_one_run(engine: Engine) -> None:
+    key, _ = new_dataset(items=items(1))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+    barrier = threading.Barrier(10)
+    ids: list[int] = []
+
+    def enqueue() -> None:
+        barrier.wait()
+        ids.append(engine.sync(conn.id).id)
+
+    threads = [threading.Thread(target=enqueue) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(ids) == 10 and len(set(ids)) == 1
+    assert len(engine.runs(connection_id=conn.id)) == 1
+
+
+def test_cancel_a_queued_run_at_once(engine: Engine) -> None:
+    key, _ = new_dataset(items=items(1))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+    run = engine.sync(conn.id)
+    cancelled = engine.cancel_run(run.id)
+    assert cancelled.status == "cancelled" and cancelled.finished_at is not None
+    assert engine.worker(listen=False).poll() is False
+    with pytest.raises(Conflict):
+        engine.cancel_run(run.id)
+
+
+def test_cancel_a_running_run_ends_it_within_two_control_intervals(
+    schema: str, admin: Any
+) -> None:
+    from tests.conftest import make_settings
+
+    settings = make_settings(schema, control_interval=0.5)
+    with Engine(settings, pool_size=6) as engine:
+        engine.migrate()
+        key, data = new_dataset(items=items(*range(1, 200)))
+        started = threading.Event()
+
+        def slow(index: int) -> None:
+            if index == 5:
+                started.set()
+            time.sleep(0.02)
+
+        data.before_row["items"] = slow
+        ws = engine.create_workspace("acme")
+        conn = engine.create_connection(
+            ws.id, "mem", "memory", config={"dataset": key, "page_size": 5}
+        )
+        run = engine.sync(conn.id)
+        worker = engine.worker(listen=False)
+        thread = threading.Thread(target=worker.poll)
+        thread.start()
+        assert started.wait(10)
+        engine.cancel_run(run.id)
+        thread.join(30)
+        final = engine.run(run.id)
+        assert final.status == "cancelled"
+        took = (final.finished_at - final.cancel_requested_at).total_seconds()
+        assert took <= 2 * settings.control_interval, took
+        # What was written before the cancel is kept and reported.
+        assert final.results["items"]["status"] == "cancelled"
+        assert final.results["items"]["upserted"] >= 5
+        written = admin.execute("SELECT count(*) AS n FROM records").fetchone()["n"]
+        assert written == final.results["items"]["upserted"]
+
+
+def test_a_connection_six_hours_overdue_gets_exactly_one_run(engine: Engine, admin: Any) -> None:
+    key, _ = new_dataset(items=items(1))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(
+        ws.id, "mem", "memory", config={"dataset": key}, schedule_every=15 * 60
+    )
+    admin.execute(
+        "UPDATE connections SET next_run_at = now() - interval '6 hours' WHERE id = %s",
+        (conn.id,),
+    )
+    worker = engine.worker(listen=False)
+    assert worker.poll()  # enqueues the schedule and runs it
+    assert worker.poll() is False
+    runs = engine.runs(connection_id=conn.id)
+    assert [(r.trigger, r.status) for r in runs] == [("schedule", "succeeded")]
+    next_run = admin.execute(
+        "SELECT extract(epoch FROM next_run_at - now()) AS s FROM connections WHERE id = %s",
+        (conn.id,),
+    ).fetchone()["s"]
+    assert 14 * 60 < float(next_run) <= 15 * 60
+
+
+def test_a_paused_connection_is_not_scheduled_nor_synced(engine: Engine) -> None:
+    key, _ = new_dataset(items=items(1))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(
+        ws.id, "mem", "memory", config={"dataset": key}, schedule_every=60
+    )
+    engine.pause(conn.id)
+    assert engine.worker(listen=False).poll() is False
+    with pytest.raises(Conflict, match="paused"):
+        engine.sync(conn.id)
+    engine.resume(conn.id)
+    assert engine.worker(listen=False).poll() is True

@@ -1,0 +1,161 @@
+"""A run's life on the real Postgres: claimed, executed, records published, tombstones, revival,
+partial failure, incremental cursors."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+
+from connectors import PermanentError, RetryableError
+from sync import Engine
+from tests.fakes import DATASETS, Dataset
+
+
+def items(*ids: int, version: str = "v1") -> list[dict[str, Any]]:
+    return [{"id": i, "title": f"item {i}", "version": version} for i in ids]
+
+
+def new_dataset(**tables: list[dict[str, Any]]) -> tuple[str, Dataset]:
+    key = uuid.uuid4().hex
+    DATASETS[key] = Dataset(tables=dict(tables))
+    return key, DATASETS[key]
+
+
+def live(admin: psycopg.Connection[Any], connection_id: int, table: str = "items") -> dict[str, Any]:
+    rows = admin.execute(
+        "SELECT external_id, data FROM records WHERE connection_id = %s AND table_name = %s "
+        "AND deleted_at IS NULL",
+        (connection_id, table),
+    ).fetchall()
+    return {r["external_id"]: r["data"] for r in rows}
+
+
+def tombstoned(admin: psycopg.Connection[Any], connection_id: int) -> set[str]:
+    rows = admin.execute(
+        "SELECT external_id FROM records WHERE connection_id = %s AND deleted_at IS NOT NULL",
+        (connection_id,),
+    ).fetchall()
+    return {r["external_id"] for r in rows}
+
+
+def sync_once(engine: Engine, connection_id: int) -> Any:
+    run = engine.sync(connection_id)
+    worker = engine.worker(listen=False)
+    assert worker.poll() is True
+    return engine.run(run.id)
+
+
+def test_a_sync_publishes_records_then_tombstones_and_revives(engine: Engine, admin: Any) -> None:
+    key, data = new_dataset(items=items(1, 2, 3), notes=[{"owner": "a", "n": 1, "text": "x"}])
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+
+    run = sync_once(engine, conn.id)
+    assert run.status == "succeeded"
+    assert run.attempts == 1
+    assert run.results["items"] == {
+        "status": "succeeded", "upserted": 3, "unchanged": 0, "tombstoned": 0, "error": None,
+    }
+    assert set(live(admin, conn.id)) == {"1", "2", "3"}
+    assert set(live(admin, conn.id, "notes")) == {'["a",1]'}
+    attempts = engine.attempts(run.id)
+    assert [(a.attempt, a.outcome) for a in attempts] == [(1, "succeeded")]
+
+    # Upstream: 2 vanished, 3 changed, 4 is new.
+    data.tables["items"] = items(1) + items(3, version="v2") + items(4)
+    run = sync_once(engine, conn.id)
+    assert run.status == "succeeded"
+    assert run.results["items"]["upserted"] == 2
+    assert run.results["items"]["unchanged"] == 1
+    assert run.results["items"]["tombstoned"] == 1
+    assert set(live(admin, conn.id)) == {"1", "3", "4"}
+    assert live(admin, conn.id)["3"]["version"] == "v2"
+    assert tombstoned(admin, conn.id) == {"2"}
+
+    # 2 comes back: live again, counted as upserted.
+    data.tables["items"] = items(1, 2) + items(3, version="v2") + items(4)
+    run = sync_once(engine, conn.id)
+    assert run.results["items"]["upserted"] == 1
+    assert run.results["items"]["tombstoned"] == 0
+    assert tombstoned(admin, conn.id) == set()
+    # Seen keys are scratch space: nothing is left behind.
+    assert admin.execute("SELECT count(*) AS n FROM run_seen_keys").fetchone()["n"] == 0
+
+
+def test_an_unchanged_row_is_not_rewritten(engine: Engine, admin: Any) -> None:
+    key, data = new_dataset(items=items(1, 2))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+    sync_once(engine, conn.id)
+    before = {
+        r["external_id"]: r["ctid"]
+        for r in admin.execute("SELECT external_id, ctid::text FROM records").fetchall()
+    }
+    data.tables["items"] = items(1) + items(2, version="v2")
+    run = sync_once(engine, conn.id)
+    assert run.results["items"]["unchanged"] == 1
+    after = {
+        r["external_id"]: r["ctid"]
+        for r in admin.execute("SELECT external_id, ctid::text FROM records").fetchall()
+    }
+    assert after["1"] == before["1"]  # same tuple: never rewritten
+    assert after["2"] != before["2"]
+
+
+def test_a_table_failing_part_way_tombstones_nothing(engine: Engine, admin: Any) -> None:
+    key, data = new_dataset(items=items(1, 2, 3, 4))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key, "page_size": 1})
+    sync_once(engine, conn.id)
+
+    # Upstream now has only 1 and 2, and the read breaks after the first row.
+    data.tables["items"] = items(1, 2)
+    data.failures["items"] = (1, PermanentError("page 2 is malformed"))
+    run = sync_once(engine, conn.id)
+    assert run.status == "partial"  # notes succeeded, items failed for good
+    assert run.results["items"]["status"] == "failed"
+    assert run.results["items"]["error"]["message"] == "page 2 is malformed"
+    assert run.results["items"]["tombstoned"] == 0
+    assert tombstoned(admin, conn.id) == set()
+    assert set(live(admin, conn.id)) == {"1", "2", "3", "4"}
+    assert run.results["notes"]["status"] == "succeeded"
+
+
+def test_incremental_table_saves_its_cursor_and_tombstones_reported_deletions(
+    engine: Engine, admin: Any
+) -> None:
+    events = [{"id": f"e{i}", "seq": i} for i in range(1, 6)]
+    key, data = new_dataset(events=events)
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "ev", "memory_events", config={"dataset": key})
+    run = sync_once(engine, conn.id)
+    assert run.status == "succeeded"
+    assert run.results["events"]["upserted"] == 5
+    cursor = admin.execute("SELECT cursor FROM table_state WHERE connection_id = %s",
+                           (conn.id,)).fetchone()
+    assert cursor["cursor"] == {"seq": 5}
+
+    # Next sync starts from the cursor: only new events are read; a reported deletion applies;
+    # rows the connector did not mention are left alone (incremental tables never anti-join).
+    data.tables["events"] = events + [{"id": "e6", "seq": 6}]
+    data.deletions["events"] = ["e2"]
+    run = sync_once(engine, conn.id)
+    assert run.results["events"]["upserted"] == 1
+    assert run.results["events"]["tombstoned"] == 1
+    assert tombstoned(admin, conn.id) == {"e2"}
+    assert set(live(admin, conn.id, "events")) == {"e1", "e3", "e4", "e5", "e6"}
+
+
+def test_cursor_is_saved_only_after_the_batch_it_covers(engine: Engine, admin: Any) -> None:
+    events = [{"id": f"e{i}", "seq": i} for i in range(1, 6)]
+    key, data = new_dataset(events=events)
+    data.failures["events"] = (3, RetryableError("connection reset"))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "ev", "memory_events", config={"dataset": key})
+    run = sync_once(engine, conn.id)
+    assert run.status == "queued"  # retry pending
+    cursor = admin.execute("SELECT cursor FROM table_state").fetchone()["cursor"]
+    assert cursor == {"seq": 3}
+    assert set(live(admin, conn.id, "events")) == {"e1", "e2", "e3"}
