@@ -46,7 +46,7 @@ class AuthError(PermanentError):
     kind = "auth"
 
 
-class Aborted(Exception):  # noqa: N818 - it is a signal, not a fault
+class Aborted(Exception):
     """Raised inside connector code when the engine has aborted the run (cancel, lost lease,
     timeout or shutdown). Connectors let it propagate."""
 

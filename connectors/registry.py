@@ -16,7 +16,7 @@ _registered: dict[str, tuple[type[Connector], str]] = {}
 _entry_points_loaded = False
 
 
-class UnknownProvider(LookupError):  # noqa: N818 - reads as a sentence at the raise site
+class UnknownProvider(LookupError):
     def __init__(self, provider: str, known: list[str]) -> None:
         listing = ", ".join(known) or "none"
         super().__init__(

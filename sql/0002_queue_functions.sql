@@ -45,7 +45,7 @@ BEGIN
             SELECT r.* FROM connection_runs r
              WHERE r.connection_id = p_connection_id
                AND (p_workspace_id IS NULL OR r.workspace_id = p_workspace_id)
-               AND r.status IN ('queued', 'running');
+               AND r.kind = 'sync' AND r.status IN ('queued', 'running');
         IF FOUND THEN
             RETURN;
         END IF;
@@ -155,8 +155,10 @@ BEGIN
         END IF;
 
         token := gen_random_uuid();
-        INSERT INTO run_attempts (run_id, attempt, lease_owner, worker_id)
-        VALUES (candidate.id, candidate.attempts + 1, token, p_worker_id);
+        -- clock_timestamp(), not now(): an attempt's interval must contain its execution, which
+        -- begins after this claim's locks were taken, not when its transaction began.
+        INSERT INTO run_attempts (run_id, attempt, lease_owner, worker_id, started_at)
+        VALUES (candidate.id, candidate.attempts + 1, token, p_worker_id, clock_timestamp());
 
         RETURN QUERY
             UPDATE connection_runs

@@ -50,7 +50,7 @@ WITH sealed AS (
     RETURNING id
 ), attempt AS (
     UPDATE run_attempts
-       SET finished_at = now(), outcome = %(status)s, error = %(error)s, results = %(results)s
+       SET finished_at = clock_timestamp(), outcome = %(status)s, error = %(error)s, results = %(results)s
      WHERE lease_owner = %(lease_owner)s AND EXISTS (SELECT 1 FROM sealed)
 ), woken AS (
     SELECT pg_notify(notify_channel(), 'finished') FROM sealed
@@ -86,7 +86,7 @@ WITH run AS (
     RETURNING r.status
 ), attempt AS (
     UPDATE run_attempts a
-       SET finished_at = now(), error = %(error)s, results = %(results)s,
+       SET finished_at = clock_timestamp(), error = %(error)s, results = %(results)s,
            outcome = CASE WHEN moved.status = 'queued' THEN 'retry' ELSE 'cancelled' END
       FROM moved
      WHERE a.lease_owner = %(lease_owner)s
@@ -107,7 +107,7 @@ WITH moved AS (
     RETURNING id
 ), attempt AS (
     UPDATE run_attempts
-       SET finished_at = now(), outcome = 'handed_back', results = %(results)s
+       SET finished_at = clock_timestamp(), outcome = 'handed_back', results = %(results)s
      WHERE lease_owner = %(lease_owner)s AND EXISTS (SELECT 1 FROM moved)
 ), woken AS (
     SELECT pg_notify(notify_channel(), 'enqueued') FROM moved
@@ -268,7 +268,7 @@ WITH fence AS (
        FOR SHARE
 ), gone AS (
     UPDATE records r
-       SET deleted_at = now(), updated_at = now()
+       SET deleted_at = now(), updated_at = now(), written_by = %(lease_owner)s
      WHERE r.connection_id = %(connection_id)s AND r.table_name = %(table_name)s
        AND r.deleted_at IS NULL AND r.written_by <> %(lease_owner)s
        AND EXISTS (SELECT 1 FROM fence)

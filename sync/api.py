@@ -16,11 +16,10 @@ from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
 from pydantic import ValidationError
 
 import connectors
-from sync.db import open_pool
+from sync.db import Pool, open_pool
 from sync.embedded import embedded_url
 from sync.errors import Conflict, InvalidInput, NotFound, describe_validation_error
 from sync.migrations import Migration, check_schema, grant, migrate
@@ -46,7 +45,7 @@ class Engine:
         self.settings = settings or Settings()
         self.url = database_url or self.settings.database_url or embedded_url(self.settings.home)
         self.embedded = not (database_url or self.settings.database_url)
-        self.pool: ConnectionPool = open_pool(self.settings, self.url, size=pool_size)
+        self.pool: Pool = open_pool(self.settings, self.url, size=pool_size)
         self._secrets: SecretBox | None = None
         self._workspace_id: int | None = None
 

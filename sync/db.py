@@ -9,13 +9,16 @@ from typing import Any
 
 import psycopg
 from psycopg import conninfo
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
 from sync.errors import DatabaseUnavailable
 from sync.settings import Settings
 
 log = logging.getLogger(__name__)
+
+Connection = psycopg.Connection[DictRow]
+Pool = ConnectionPool[Connection]
 
 # Worker sessions never wait forever: a stuck statement or lock fails and is retried.
 SESSION_OPTIONS = {
@@ -39,8 +42,8 @@ def describe(url: str) -> str:
     except psycopg.ProgrammingError:
         return "<unparseable database URL>"
     params.pop("password", None)
-    host = params.get("host", "localhost")
-    return f"postgresql://{params.get('user', '')}@{host}:{params.get('port', 5432)}/{params.get('dbname', '')}"
+    user, host = params.get("user", ""), params.get("host", "localhost")
+    return f"postgresql://{user}@{host}:{params.get('port', 5432)}/{params.get('dbname', '')}"
 
 
 def connection_kwargs(settings: Settings, url: str) -> dict[str, Any]:
@@ -50,7 +53,7 @@ def connection_kwargs(settings: Settings, url: str) -> dict[str, Any]:
     return {"options": options, "application_name": app, **KEEPALIVES}
 
 
-def connect(settings: Settings, url: str, **kwargs: Any) -> psycopg.Connection[dict[str, Any]]:
+def connect(settings: Settings, url: str, **kwargs: Any) -> Connection:
     """One autocommit connection (the LISTEN connection, migrations, tests)."""
     try:
         return psycopg.connect(
@@ -70,11 +73,12 @@ def connect(settings: Settings, url: str, **kwargs: Any) -> psycopg.Connection[d
         raise DatabaseUnavailable(f"DATABASE_URL is not a valid Postgres URL: {exc}") from None
 
 
-def open_pool(settings: Settings, url: str, *, size: int | None = None) -> ConnectionPool:
+def open_pool(settings: Settings, url: str, *, size: int | None = None) -> Pool:
     """A pool of autocommit connections; transactions are explicit (``conn.transaction()``)."""
     size = size or settings.pool_size
-    pool: ConnectionPool = ConnectionPool(
+    pool: Pool = ConnectionPool(
         url,
+        connection_class=Connection,
         min_size=1,
         max_size=size,
         kwargs={

@@ -10,7 +10,7 @@ class SyncError(Exception):
     """Base of the engine's user-facing errors."""
 
 
-class NotFound(SyncError):  # noqa: N818
+class NotFound(SyncError):
     pass
 
 
@@ -38,7 +38,7 @@ class SecretsError(SyncError):
     pass
 
 
-class LeaseLost(Exception):  # noqa: N818 - internal control flow, never shown to users as such
+class LeaseLost(Exception):
     """A fenced write matched nothing: another worker owns the run now, or the lease expired."""
 
 

@@ -14,7 +14,6 @@ from uuid import UUID
 
 import psycopg
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
 from pydantic import BaseModel, ValidationError
 from tenacity import (
     Retrying,
@@ -27,7 +26,7 @@ import connectors
 from connectors.base import Connector, Table
 from connectors.errors import Aborted, AuthError, ConnectorError, RateLimited, RetryableError
 from sync.abort import AbortSignal
-from sync.db import first_line
+from sync.db import Pool, first_line
 from sync.errors import LeaseLost, SecretsError, describe_validation_error
 from sync.lease import LeaseKeeper
 from sync.queries import QUERIES
@@ -112,7 +111,7 @@ class RunContext:
             self._abort.check()
 
 
-class _StopAttempt(Exception):  # noqa: N818 - control flow inside this module
+class _StopAttempt(Exception):
     """The attempt cannot go on (unusable config or credentials, refused credentials)."""
 
     def __init__(self, error: dict[str, Any]) -> None:
@@ -123,7 +122,7 @@ class _StopAttempt(Exception):  # noqa: N818 - control flow inside this module
 class Executor:
     def __init__(
         self,
-        pool: ConnectionPool,
+        pool: Pool,
         settings: Settings,
         secrets: SecretBox | None,
         keeper: LeaseKeeper,
@@ -215,7 +214,9 @@ class Executor:
         try:
             config = cls.config_model.model_validate(run.config or {})
         except ValidationError as exc:
-            raise _StopAttempt({"kind": "config", "message": describe_validation_error(exc)}) from None
+            raise _StopAttempt(
+                {"kind": "config", "message": describe_validation_error(exc)}
+            ) from None
         credentials: dict[str, Any] = {}
         if run.credentials is not None:
             if self._secrets is None:
@@ -263,9 +264,12 @@ class Executor:
                         writer.write(item)
                     abort.check()
                     writer.complete()
-                except Aborted:
+                except (LeaseLost, psycopg.Error):
+                    raise
+                except BaseException:
+                    # Keep what was read before the stop or the failure (nothing is tombstoned).
                     if abort.reason is not AbortReason.LEASE_LOST:
-                        writer.flush(check_abort=False)  # keep what was read before the stop
+                        self._flush_quietly(writer, logger)
                     raise
             status, error = TableStatus.SUCCEEDED, None
         except (Aborted, LeaseLost) as exc:
@@ -308,6 +312,13 @@ class Executor:
         logger.info("table %s %s %s", table.name, status.value, result.to_json())
         return result
 
+    @staticmethod
+    def _flush_quietly(writer: RecordWriter, logger: logging.LoggerAdapter[logging.Logger]) -> None:
+        try:
+            writer.flush(check_abort=False)
+        except Exception as exc:
+            logger.warning("could not write the records read before the stop: %s", _brief(exc))
+
     # -- purge -----------------------------------------------------------------------------
 
     def _purge(
@@ -328,8 +339,11 @@ class Executor:
                     abort.check()
                     row = conn.execute(
                         QUERIES.purge_records_batch,
-                        {**params, "limit": self._settings.purge_batch_size,
-                         "processed_units": processed},
+                        {
+                            **params,
+                            "limit": self._settings.purge_batch_size,
+                            "processed_units": processed,
+                        },
                     ).fetchone()
                     if not row or not row["fenced"]:
                         raise LeaseLost()
@@ -419,8 +433,11 @@ class Executor:
                     if row and row["sealed"] and (outcome.error or {}).get("kind") == "auth":
                         conn.execute(
                             QUERIES.set_connection_status,
-                            {"connection_id": run.connection_id, "workspace_id": None,
-                             "status": "disconnected"},
+                            {
+                                "connection_id": run.connection_id,
+                                "workspace_id": None,
+                                "status": "disconnected",
+                            },
                         )
                 return outcome.status if row and row["sealed"] else None
 

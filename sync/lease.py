@@ -12,10 +12,9 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg_pool import ConnectionPool
 
 from sync.abort import AbortSignal
-from sync.db import first_line
+from sync.db import Pool, first_line
 from sync.queries import QUERIES
 from sync.records import Lease
 from sync.retry_policy import AbortReason
@@ -28,8 +27,11 @@ def renew(conn: psycopg.Connection[Any], lease: Lease, seconds: float) -> bool:
     """Extend the lease; False means it is lost."""
     row = conn.execute(
         QUERIES.renew_lease,
-        {"run_id": lease.run_id, "lease_owner": lease.lease_owner,
-         "lease": timedelta(seconds=seconds)},
+        {
+            "run_id": lease.run_id,
+            "lease_owner": lease.lease_owner,
+            "lease": timedelta(seconds=seconds),
+        },
     ).fetchone()
     return row is not None
 
@@ -58,7 +60,7 @@ class _Watch:
 class LeaseKeeper:
     """One per worker. ``watch()`` a run when it starts, ``release()`` it when it ends."""
 
-    def __init__(self, pool: ConnectionPool, settings: Settings) -> None:
+    def __init__(self, pool: Pool, settings: Settings) -> None:
         self._pool = pool
         self._settings = settings
         self._cond = threading.Condition()

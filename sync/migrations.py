@@ -13,6 +13,7 @@ from typing import Any, LiteralString, cast
 import psycopg
 from psycopg import sql
 
+from sync.db import first_line
 from sync.errors import InvalidInput, MigrationError, SchemaBehind
 from sync.sqlfiles import sql_dir
 
@@ -94,6 +95,16 @@ def migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
     nothing left to do."""
     if not conn.autocommit:
         raise ValueError("migrate() needs an autocommit connection")
+    try:
+        return _migrate(conn, schema)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise MigrationError(
+            f"this database role may not change the schema ({first_line(exc)}); run "
+            "`connector-sync migrate` as the schema's owner"
+        ) from None
+
+
+def _migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
     ident = sql.Identifier(schema)
     migrations = shipped()
     conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (_lock_key(schema),))
@@ -157,9 +168,7 @@ def grant(conn: psycopg.Connection[Any], schema: str, role: str) -> None:
     after every ``migrate`` that adds tables."""
     found = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
     if not found:
-        raise InvalidInput(
-            f"role {role!r} does not exist; create it first (CREATE ROLE ... LOGIN)"
-        )
+        raise InvalidInput(f"role {role!r} does not exist; create it first (CREATE ROLE ... LOGIN)")
     check_schema(conn, schema)
     with conn.transaction():
         for statement in _GRANTS:

@@ -60,8 +60,9 @@ def encode(record: Mapping[str, Any], table: str, key: str) -> tuple[str, bytes]
     """The record as canonical JSON text (sorted keys, so equal records hash equal) and its
     16-byte content hash."""
     try:
-        raw = orjson.dumps(record, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
-                           default=str)
+        raw = orjson.dumps(
+            record, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str
+        )
     except TypeError as exc:  # orjson.JSONEncodeError included
         if "Integer exceeds 64-bit range" not in str(exc):
             raise RecordError(f"record {key!r} of table {table!r} is not JSON: {exc}") from None

@@ -113,7 +113,9 @@ def decide(
             Action.FINISH, "cancelled", error={"kind": "cancelled", "message": "cancelled"}
         )
 
-    errors = [(name, r.error) for name, r in results.items() if r.error]
+    errors: list[tuple[str | None, dict[str, Any] | None]] = [
+        (name, r.error) for name, r in results.items() if r.error
+    ]
     if run_error is not None:
         errors.insert(0, (None, run_error))
     first_error = _describe(errors[0]) if errors else None

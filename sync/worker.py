@@ -7,6 +7,7 @@ loops ``poll(); wait(poll_interval)``, woken early by LISTEN/NOTIFY. Tests call 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -21,9 +22,8 @@ from types import FrameType
 from typing import Any
 
 import psycopg
-from psycopg_pool import ConnectionPool
 
-from sync.db import connect, first_line
+from sync.db import Pool, connect, first_line
 from sync.executor import ClaimedRun, Executor
 from sync.lease import LeaseKeeper
 from sync.migrations import check_schema
@@ -70,10 +70,8 @@ class Listener:
         self._stopping.set()
         conn = self._conn
         if conn is not None:
-            try:
+            with contextlib.suppress(Exception):
                 conn.cancel_safe(timeout=2)
-            except Exception:
-                pass
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -117,7 +115,7 @@ class Listener:
 class Worker:
     def __init__(
         self,
-        pool: ConnectionPool,
+        pool: Pool,
         settings: Settings,
         url: str,
         *,
@@ -242,8 +240,7 @@ class Worker:
         with self._pool.connection() as conn:
             row = conn.execute(
                 QUERIES.enqueue_due_schedules,
-                {"limit": self.settings.schedule_batch,
-                 "max_attempts": self.settings.max_attempts},
+                {"limit": self.settings.schedule_batch, "max_attempts": self.settings.max_attempts},
             ).fetchone()
         if row and row["queued"]:
             log.info("enqueued %d scheduled run(s)", row["queued"])

@@ -16,13 +16,14 @@ import tests.fakes  # noqa: F401 - registers the test connectors
 from sync import Engine, Settings
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+# One key for the session, inherited by worker subprocesses through the environment.
+os.environ.setdefault("CONNECTOR_SYNC_SECRET_KEYS", Fernet.generate_key().decode())
 
 
 def make_settings(schema: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "database_url": DATABASE_URL,
         "schema_name": schema,
-        "secret_keys": Fernet.generate_key().decode(),
         "backoff_seconds": (5.0, 30.0, 120.0),
     }
     values.update(overrides)
@@ -53,7 +54,9 @@ def engine(settings: Settings) -> Iterator[Engine]:
 def admin(schema: str) -> Iterator[psycopg.Connection[Any]]:
     """A plain connection with search_path on the test schema, for inspecting state."""
     with psycopg.connect(
-        DATABASE_URL, autocommit=True, options=f"-c search_path={schema}",
+        DATABASE_URL,
+        autocommit=True,
+        options=f"-c search_path={schema}",
         row_factory=psycopg.rows.dict_row,
     ) as conn:
         yield conn

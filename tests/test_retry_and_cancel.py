@@ -120,9 +120,7 @@ def test_cancel_a_queued_run_at_once(engine: Engine) -> None:
         engine.cancel_run(run.id)
 
 
-def test_cancel_a_running_run_ends_it_within_two_control_intervals(
-    schema: str, admin: Any
-) -> None:
+def test_cancel_a_running_run_ends_it_within_two_control_intervals(schema: str, admin: Any) -> None:
     from tests.conftest import make_settings
 
     settings = make_settings(schema, control_interval=0.5)

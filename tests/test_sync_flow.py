@@ -23,7 +23,9 @@ def new_dataset(**tables: list[dict[str, Any]]) -> tuple[str, Dataset]:
     return key, DATASETS[key]
 
 
-def live(admin: psycopg.Connection[Any], connection_id: int, table: str = "items") -> dict[str, Any]:
+def live(
+    admin: psycopg.Connection[Any], connection_id: int, table: str = "items"
+) -> dict[str, Any]:
     rows = admin.execute(
         "SELECT external_id, data FROM records WHERE connection_id = %s AND table_name = %s "
         "AND deleted_at IS NULL",
@@ -56,7 +58,11 @@ def test_a_sync_publishes_records_then_tombstones_and_revives(engine: Engine, ad
     assert run.status == "succeeded"
     assert run.attempts == 1
     assert run.results["items"] == {
-        "status": "succeeded", "upserted": 3, "unchanged": 0, "tombstoned": 0, "error": None,
+        "status": "succeeded",
+        "upserted": 3,
+        "unchanged": 0,
+        "tombstoned": 0,
+        "error": None,
     }
     assert set(live(admin, conn.id)) == {"1", "2", "3"}
     assert set(live(admin, conn.id, "notes")) == {'["a",1]'}
@@ -133,13 +139,14 @@ def test_incremental_table_saves_its_cursor_and_tombstones_reported_deletions(
     run = sync_once(engine, conn.id)
     assert run.status == "succeeded"
     assert run.results["events"]["upserted"] == 5
-    cursor = admin.execute("SELECT cursor FROM table_state WHERE connection_id = %s",
-                           (conn.id,)).fetchone()
+    cursor = admin.execute(
+        "SELECT cursor FROM table_state WHERE connection_id = %s", (conn.id,)
+    ).fetchone()
     assert cursor["cursor"] == {"seq": 5}
 
     # Next sync starts from the cursor: only new events are read; a reported deletion applies;
     # rows the connector did not mention are left alone (incremental tables never anti-join).
-    data.tables["events"] = events + [{"id": "e6", "seq": 6}]
+    data.tables["events"] = [*events, {"id": "e6", "seq": 6}]
     data.deletions["events"] = ["e2"]
     run = sync_once(engine, conn.id)
     assert run.results["events"]["upserted"] == 1

@@ -1,0 +1,231 @@
+"""A worker that has lost its lease can never change a connection's data, and stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connectors import Checkpoint, Mode, Table
+from sync import Engine
+from sync.abort import AbortSignal
+from sync.errors import LeaseLost
+from sync.lease import read_control, renew
+from sync.queries import QUERIES
+from sync.records import Lease, RecordWriter
+from sync.retry_policy import AbortReason
+from tests.conftest import make_settings
+from tests.test_sync_flow import items, new_dataset
+
+AUDIT = """
+CREATE TABLE record_audit (written_by uuid, op text, at timestamptz DEFAULT clock_timestamp());
+CREATE FUNCTION audit_record() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO record_audit (written_by, op) VALUES (NEW.written_by, TG_OP);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER audit AFTER INSERT OR UPDATE ON records
+    FOR EACH ROW EXECUTE FUNCTION audit_record();
+"""
+
+
+def claim(engine: Engine, worker_id: str) -> dict[str, Any]:
+    with engine.pool.connection() as conn:
+        row = conn.execute(
+            QUERIES.claim_run, {"worker_id": worker_id, "lease": timedelta(seconds=120)}
+        ).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_every_write_of_a_stale_claim_matches_nothing(engine: Engine, admin: Any) -> None:
+    key, _ = new_dataset(items=items(1))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+    engine.sync(conn.id)
+    first = claim(engine, "worker-a")
+    stale = Lease(first["id"], first["lease_owner"])
+    table = Table("items", "id", Mode.FULL)
+    events = Table("events", "id", Mode.INCREMENTAL)
+
+    with engine.pool.connection() as db:
+        writer = RecordWriter(db, stale, conn.id, table, batch_size=10, abort=AbortSignal())
+        writer.write({"id": 1, "v": "a"})
+        writer.flush()  # the lease is live: this lands
+        assert admin.execute("SELECT count(*) AS n FROM records").fetchone()["n"] == 1
+
+        # The lease runs out. Nobody has claimed the run yet, but the claim is already dead:
+        # the limiter treats an expired lease as free, so the writes must too.
+        admin.execute("UPDATE connection_runs SET lease_expires_at = now() - interval '1 second'")
+        assert renew(db, stale, 120) is False
+        assert read_control(db, stale) is AbortReason.LEASE_LOST
+        writer.write({"id": 1, "v": "stale"})
+        with pytest.raises(LeaseLost):
+            writer.flush()
+
+        second = claim(engine, "worker-b")
+        assert second["id"] == first["id"] and second["lease_owner"] != first["lease_owner"]
+        assert second["attempts"] == 2
+        before = admin.execute("SELECT data, updated_at FROM records").fetchall()
+
+        def stale_writer(on: Table) -> RecordWriter:
+            return RecordWriter(db, stale, conn.id, on, batch_size=1, abort=AbortSignal())
+
+        with pytest.raises(LeaseLost):
+            stale_writer(table).write({"id": 2, "v": "stale"})  # batch_size 1 flushes at once
+        with pytest.raises(LeaseLost):
+            stale_writer(table).complete()  # the tombstone pass
+        with pytest.raises(LeaseLost):
+            stale_writer(events).write(Checkpoint({"seq": 9}))  # the cursor
+        params = {
+            "run_id": first["id"],
+            "lease_owner": first["lease_owner"],
+            "results": None,
+            "error": None,
+        }
+        assert (
+            db.execute(
+                QUERIES.finish_run, {**params, "status": "succeeded", "processed_units": None}
+            ).fetchone()["sealed"]
+            == 0
+        )
+        assert db.execute(QUERIES.requeue_run, {**params, "delay_seconds": 1}).fetchone() is None
+        assert db.execute(QUERIES.hand_back_run, params).fetchone()["moved"] == 0
+        assert db.execute(QUERIES.save_results, params).fetchone() is None
+
+    assert admin.execute("SELECT data, updated_at FROM records").fetchall() == before
+    assert admin.execute("SELECT count(*) AS n FROM table_state").fetchone()["n"] == 0
+    run = engine.run(first["id"])
+    assert run.status == "running" and run.lease_owner == second["lease_owner"]
+    assert [a.outcome for a in engine.attempts(run.id)] == ["lost", None]
+
+
+def spawn_worker(schema: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.worker_process", "--schema", schema, *extra],
+        cwd=Path(__file__).parent.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ},
+    )
+
+
+def test_a_paused_worker_loses_its_run_and_writes_nothing_after(
+    schema: str, admin: Any, tmp_path: Path
+) -> None:
+    settings = make_settings(schema, lease_seconds=2.0, control_interval=0.5, batch_size=3)
+    source = tmp_path / "items.json"
+    source.write_text(json.dumps({"items": items(*range(60), version="v1")}))
+    with Engine(settings) as engine:
+        engine.migrate()
+        admin.execute(AUDIT)
+        ws = engine.create_workspace("acme")
+        conn = engine.create_connection(
+            ws.id, "files", "filedata", config={"path": str(source), "row_delay": 0.05}
+        )
+        run = engine.sync(conn.id)
+        a = spawn_worker(
+            schema,
+            "--worker-id",
+            "worker-a",
+            "--lease-seconds",
+            "2",
+            "--control-interval",
+            "0.5",
+            "--batch-size",
+            "3",
+        )
+        try:
+            wait_for(
+                lambda: admin.execute("SELECT count(*) AS n FROM records").fetchone()["n"] >= 24
+            )
+            os.kill(a.pid, signal.SIGSTOP)
+            stale = engine.attempts(run.id)[0].lease_owner
+            source.write_text(json.dumps({"items": items(*range(20), version="v2")}))
+            wait_for(
+                lambda: admin.execute(
+                    "SELECT lease_expires_at < now() AS gone FROM connection_runs"
+                ).fetchone()["gone"]
+            )
+
+            b = engine.worker(worker_id="worker-b", listen=False)
+            assert b.poll()
+            done = engine.run(run.id)
+            assert done.status == "succeeded" and done.attempts == 2
+            b_started = engine.attempts(run.id)[1].started_at
+
+            os.kill(a.pid, signal.SIGCONT)
+            # Let worker A run on well past the point where it notices.
+            time.sleep(3)
+        finally:
+            os.kill(a.pid, signal.SIGCONT)
+            a.terminate()
+            output = a.communicate(timeout=30)[0]
+        assert "lease lost" in output, output
+
+        late = admin.execute(
+            "SELECT count(*) AS n FROM record_audit WHERE written_by = %s AND at >= %s",
+            (stale, b_started),
+        ).fetchone()["n"]
+        assert late == 0
+        rows = admin.execute(
+            "SELECT external_id, data ->> 'version' AS v, deleted_at IS NOT NULL AS gone "
+            "FROM records"
+        ).fetchall()
+        assert {r["external_id"] for r in rows if not r["gone"]} == {str(i) for i in range(20)}
+        assert {r["v"] for r in rows if not r["gone"]} == {"v2"}
+        gone = {r["external_id"] for r in rows if r["gone"]}
+        assert gone and gone == {r["external_id"] for r in rows if int(r["external_id"]) >= 20}
+        assert engine.run(run.id).status == "succeeded"  # A's finish changed nothing
+        assert [a.outcome for a in engine.attempts(run.id)] == ["lost", "succeeded"]
+
+
+def test_sigterm_hands_the_run_back_without_spending_an_attempt(
+    schema: str, admin: Any, tmp_path: Path
+) -> None:
+    settings = make_settings(schema)
+    source = tmp_path / "items.json"
+    source.write_text(json.dumps({"items": items(*range(100))}))
+    with Engine(settings) as engine:
+        engine.migrate()
+        ws = engine.create_workspace("acme")
+        conn = engine.create_connection(
+            ws.id, "files", "filedata", config={"path": str(source), "row_delay": 0.05}
+        )
+        run = engine.sync(conn.id)
+        worker = spawn_worker(schema, "--batch-size", "5")
+        wait_for(lambda: engine.run(run.id).status == "running")
+        wait_for(lambda: admin.execute("SELECT count(*) AS n FROM records").fetchone()["n"] >= 5)
+        worker.send_signal(signal.SIGTERM)
+        output = worker.communicate(timeout=30)[0]
+        assert worker.returncode == 0, output
+        back = engine.run(run.id)
+        assert back.status == "queued" and back.attempts == 0, output
+        assert back.lease_owner is None
+        assert [a.outcome for a in engine.attempts(run.id)] == ["handed_back"]
+        assert engine.workers()[0].stopped_at is not None
+
+        source.write_text(json.dumps({"items": items(*range(10))}))
+        assert engine.worker(listen=False).poll()
+        done = engine.run(run.id)
+        assert done.status == "succeeded" and done.attempts == 1

@@ -1,0 +1,129 @@
+"""Property tests of the pure decisions: backoff bounds and a run's fate after an attempt."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sync.retry_policy import (
+    AbortReason,
+    Action,
+    TableResult,
+    TableStatus,
+    backoff_delay,
+    decide,
+)
+
+SCHEDULE = (5.0, 30.0, 120.0)
+unit = st.floats(min_value=0.0, max_value=1.0, exclude_max=True)
+
+
+@given(attempt=st.integers(min_value=-3, max_value=50), r=unit)
+def test_backoff_stays_within_the_jitter_window(attempt: int, r: float) -> None:
+    base = SCHEDULE[min(max(attempt, 1), 3) - 1]
+    delay = backoff_delay(attempt, SCHEDULE, 0.2, lambda: r)
+    assert base * 0.8 <= delay <= base * 1.2
+
+
+@given(r=unit)
+def test_backoff_grows_with_attempts(r: float) -> None:
+    delays = [backoff_delay(a, SCHEDULE, 0.2, lambda: r) for a in (1, 2, 3)]
+    assert delays == sorted(delays)
+
+
+statuses = st.sampled_from(list(TableStatus))
+errors = st.one_of(
+    st.none(),
+    st.fixed_dictionaries(
+        {
+            "kind": st.sampled_from(["retryable", "permanent", "record"]),
+            "message": st.text(max_size=20),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "kind": st.just("rate_limited"),
+            "message": st.just("429"),
+            "retry_after": st.floats(min_value=0, max_value=86400),
+        }
+    ),
+)
+tables = st.dictionaries(
+    st.text(min_size=1, max_size=8),
+    st.builds(TableResult, status=statuses, error=errors),
+    max_size=6,
+)
+
+
+@given(
+    results=tables,
+    attempts=st.integers(1, 5),
+    extra=st.integers(0, 3),
+    abort=st.one_of(st.none(), st.sampled_from(list(AbortReason))),
+)
+def test_every_attempt_ends_in_exactly_one_sensible_way(
+    results: dict[str, TableResult], attempts: int, extra: int, abort: AbortReason | None
+) -> None:
+    max_attempts = attempts + extra
+    outcome = decide(
+        results,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        abort=abort,
+        schedule=SCHEDULE,
+        rand=lambda: 0.5,
+    )
+    if abort is AbortReason.LEASE_LOST:
+        assert outcome.action is Action.STOP
+        return
+    if abort is AbortReason.SHUTDOWN:
+        assert outcome.action is Action.HAND_BACK
+        return
+    if abort is AbortReason.CANCELLED:
+        assert (outcome.action, outcome.status) == (Action.FINISH, "cancelled")
+        return
+    unsettled = abort is AbortReason.TIMEOUT or any(
+        r.status in (TableStatus.RETRY, TableStatus.PENDING) for r in results.values()
+    )
+    if outcome.action is Action.REQUEUE:
+        assert unsettled and attempts < max_attempts
+        waits = [r.retry_after for r in results.values() if r.retry_after is not None]
+        if waits:  # the provider's Retry-After always wins
+            assert outcome.delay == max(waits)
+        else:
+            assert outcome.delay == SCHEDULE[min(attempts, 3) - 1]
+        return
+    assert outcome.action is Action.FINISH
+    if unsettled:  # out of attempts: dead-lettered
+        assert attempts >= max_attempts and outcome.status == "failed"
+        return
+    ok = [r.status is TableStatus.SUCCEEDED for r in results.values()]
+    expected = "succeeded" if all(ok) else "failed" if not any(ok) else "partial"
+    assert outcome.status == expected
+    first = next(((name, r.error) for name, r in results.items() if r.error), None)
+    if first is None:
+        assert outcome.error is None
+    elif expected != "succeeded":
+        assert outcome.error == {**first[1], "table": first[0]}
+
+
+def test_a_permanent_run_error_fails_at_once_even_with_attempts_left() -> None:
+    outcome = decide(
+        {"items": TableResult(TableStatus.PENDING)},
+        attempts=1,
+        max_attempts=3,
+        run_error={"kind": "auth", "message": "401"},
+    )
+    assert (outcome.action, outcome.status) == (Action.FINISH, "failed")
+    assert outcome.error == {"kind": "auth", "message": "401"}
+
+
+def test_a_retryable_run_error_is_retried() -> None:
+    outcome = decide(
+        {},
+        attempts=1,
+        max_attempts=3,
+        run_error={"kind": "internal", "message": "boom"},
+        rand=lambda: 0.5,
+    )
+    assert outcome.action is Action.REQUEUE and outcome.delay == 5.0

@@ -1,0 +1,30 @@
+"""The build enforces style, types and layering: ruff, mypy, and the import-linter contract
+that `connectors` never imports `sync`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+BIN = Path(sys.executable).parent
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["ruff", "check", "sync", "connectors", "tests", "bench"],
+        ["ruff", "format", "--check", "sync", "connectors", "tests", "bench"],
+        ["mypy"],
+        ["lint-imports"],
+    ],
+    ids=["ruff", "ruff-format", "mypy", "import-linter"],
+)
+def test_static_check(command: list[str]) -> None:
+    result = subprocess.run(
+        [str(BIN / command[0]), *command[1:]], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

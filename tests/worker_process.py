@@ -1,0 +1,58 @@
+"""A worker process for tests: `python -m tests.worker_process --schema S [options]`.
+
+It loads the test connectors, then either runs the normal worker loop until SIGTERM (`loop`) or
+polls without LISTEN until the queue has been empty for a while (`drain`, for stress tests)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+import tests.fakes  # noqa: F401 - registers the test connectors
+from sync import Engine
+from tests.conftest import make_settings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--schema", required=True)
+    parser.add_argument("--mode", choices=["loop", "drain"], default="loop")
+    parser.add_argument("--worker-id")
+    parser.add_argument("--lease-seconds", type=float, default=120.0)
+    parser.add_argument("--control-interval", type=float, default=2.0)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--idle-polls", type=int, default=200)
+    args = parser.parse_args()
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
+    )
+    settings = make_settings(
+        args.schema,
+        lease_seconds=args.lease_seconds,
+        control_interval=args.control_interval,
+        batch_size=args.batch_size,
+        poll_interval=0.2,
+    )
+    # The tests pass the key through the environment so credentials stay readable.
+    with Engine(settings, pool_size=4) as engine:
+        if args.mode == "loop":
+            engine.worker(worker_id=args.worker_id).run()
+            return
+        worker = engine.worker(worker_id=args.worker_id, listen=False)
+        idle = 0
+        while idle < args.idle_polls:
+            if worker.poll():
+                idle = 0
+            else:
+                idle += 1
+                time.sleep(0.002)
+        worker.close()
+        print(f"executed {worker.runs_executed}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
