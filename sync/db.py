@@ -46,23 +46,23 @@ def describe(url: str) -> str:
     return f"postgresql://{user}@{host}:{params.get('port', 5432)}/{params.get('dbname', '')}"
 
 
-def connection_kwargs(settings: Settings, url: str) -> dict[str, Any]:
+def connection_kwargs(settings: Settings, purpose: str = "") -> dict[str, Any]:
     options = " ".join(f"-c {k}={v}" for k, v in SESSION_OPTIONS.items())
     options += f" -c search_path={settings.schema_name}"
-    app = f"connector-sync/{settings.schema_name}"
+    # Operators find our sessions in pg_stat_activity by this name.
+    app = f"connector-sync/{settings.schema_name}" + (f"/{purpose}" if purpose else "")
     return {"options": options, "application_name": app, **KEEPALIVES}
 
 
-def connect(settings: Settings, url: str, **kwargs: Any) -> Connection:
-    """One autocommit connection (the LISTEN connection, migrations, tests)."""
+def connect(settings: Settings, url: str, *, purpose: str = "") -> Connection:
+    """One autocommit connection outside the pool (the LISTEN connection)."""
     try:
         return psycopg.connect(
             url,
             autocommit=True,
             row_factory=dict_row,
             connect_timeout=10,
-            **connection_kwargs(settings, url),
-            **kwargs,
+            **connection_kwargs(settings, purpose),
         )
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(
@@ -85,7 +85,7 @@ def open_pool(settings: Settings, url: str, *, size: int | None = None) -> Pool:
             "autocommit": True,
             "row_factory": dict_row,
             "connect_timeout": 10,
-            **connection_kwargs(settings, url),
+            **connection_kwargs(settings),
         },
         open=False,
         name="connector-sync",

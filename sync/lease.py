@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -60,9 +61,14 @@ class _Watch:
 class LeaseKeeper:
     """One per worker. ``watch()`` a run when it starts, ``release()`` it when it ends."""
 
-    def __init__(self, pool: Pool, settings: Settings) -> None:
+    def __init__(
+        self, pool: Pool, settings: Settings, *, on_tick: Callable[[], object] | None = None
+    ) -> None:
         self._pool = pool
         self._settings = settings
+        # Called on every tick while a run is watched: the worker's heartbeat, which its main
+        # thread cannot send while it executes the run.
+        self._on_tick = on_tick
         self._cond = threading.Condition()
         self._watch: _Watch | None = None
         self._stopping = False
@@ -129,6 +135,8 @@ class LeaseKeeper:
                     continue
             try:
                 self._tick(watch)
+                if self._on_tick is not None:
+                    self._on_tick()
             except Exception:  # a bug here must not end the thread: log it and go on
                 self.failures += 1
                 watch.log.exception("lease keeper tick failed")

@@ -83,7 +83,7 @@ class Listener:
         delay = 0.5
         while not self._stopping.is_set():
             try:
-                with connect(self._settings, self._url) as conn:
+                with connect(self._settings, self._url, purpose="listen") as conn:
                     self._conn = conn
                     channel = conn.execute("SELECT notify_channel() AS c").fetchone()
                     assert channel is not None
@@ -130,7 +130,8 @@ class Worker:
         self._wake = threading.Event()
         self._running = False
         self._stop_requested = False
-        self._keeper = LeaseKeeper(pool, settings)
+        self._heartbeat_lock = threading.Lock()
+        self._keeper = LeaseKeeper(pool, settings, on_tick=self._heartbeat_if_due)
         self._listener = Listener(settings, url, self._wake) if listen else None
         self._executor = Executor(pool, settings, secrets, self._keeper, self.id)
         self._last_heartbeat = float("-inf")
@@ -219,22 +220,27 @@ class Worker:
     # -- stages ----------------------------------------------------------------------------
 
     def _heartbeat(self) -> bool:
-        now = time.monotonic()
-        if now - self._last_heartbeat < self.settings.heartbeat_interval:
-            return False
-        with self._pool.connection() as conn:
-            conn.execute(
-                QUERIES.heartbeat,
-                {
-                    "worker_id": self.id,
-                    "hostname": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "version": _version(),
-                    "current_run_id": self._current_run_id,
-                },
-            )
-        self._last_heartbeat = now
+        self._heartbeat_if_due()
         return False
+
+    def _heartbeat_if_due(self) -> None:
+        """Called by the poll loop when idle and by the lease keeper while a run executes."""
+        with self._heartbeat_lock:
+            now = time.monotonic()
+            if now - self._last_heartbeat < self.settings.heartbeat_interval:
+                return
+            with self._pool.connection() as conn:
+                conn.execute(
+                    QUERIES.heartbeat,
+                    {
+                        "worker_id": self.id,
+                        "hostname": socket.gethostname(),
+                        "pid": os.getpid(),
+                        "version": _version(),
+                        "current_run_id": self._current_run_id,
+                    },
+                )
+            self._last_heartbeat = now
 
     def _enqueue_schedules(self) -> bool:
         with self._pool.connection() as conn:
