@@ -45,7 +45,14 @@ class Checkpoint:
     cursor: Any
 
 
-Item = Mapping[str, Any] | Deleted | Checkpoint
+@dataclass(frozen=True)
+class Resync:
+    """Yielded by an incremental table whose provider asked for a full resync (Microsoft Graph's
+    410 on a delta link): the rows that follow are the whole table, so rows not among them are
+    tombstoned when the table completes, as for a ``full`` table."""
+
+
+Item = Mapping[str, Any] | Deleted | Checkpoint | Resync
 """One thing a table read yields. A page (a list of items) may be yielded instead."""
 
 
@@ -65,6 +72,13 @@ class Connector:
 
     def __init__(self, context: ConnectorContext) -> None:
         self.context = context
+
+    @classmethod
+    def budget_key(cls, config: BaseModel, credentials: Mapping[str, Any]) -> str | None:
+        """The rate budget this connection draws on (the token, the OAuth app, the tenant), or
+        None if it shares none. Connections with one key are throttled together across workers.
+        The engine stores only a hash of the key."""
+        return None
 
     def read(self, table: Table) -> Iterable[Item | Sequence[Item]]:
         """Yield the records of ``table`` (dicts), page by page if you like."""

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any, Protocol
 
 from pydantic import BaseModel
@@ -42,4 +43,29 @@ class ConnectorContext(Protocol):
 
     def sleep(self, seconds: float) -> None:
         """Sleep, waking early (and raising ``Aborted``) if the run is aborted."""
+        ...
+
+    @property
+    def max_inline_wait(self) -> float:
+        """The longest rate-limit wait to sleep inside the run; longer ones requeue it."""
+        ...
+
+    def refresh_credentials(
+        self, refresh: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    ) -> Mapping[str, Any]:
+        """Run ``refresh(current)`` under the connection's lock and save what it returns.
+
+        ``current`` is the latest stored credentials (another run may have refreshed them); the
+        result is encrypted and saved in a fenced write, then returned.
+        """
+        ...
+
+    def report_rate_limit(self, until: datetime, reason: str) -> None:
+        """Record that this connection's rate budget (see ``Connector.budget_key``) is spent
+        until ``until``: no run drawing on it is claimed, and running ones wait, until then."""
+        ...
+
+    def rate_limited_until(self) -> datetime | None:
+        """When the budget this connection draws on is free again, if another run found it
+        spent; None when it is free now."""
         ...

@@ -17,6 +17,8 @@ CREATE TABLE connections (
     credentials     bytea,
     status          text NOT NULL DEFAULT 'active'
                     CHECK (status IN ('active', 'paused', 'disconnected', 'deleting')),
+    -- A hash of the rate budget the connector says this connection draws on (see rate_budgets).
+    budget_key      text,
     schedule_every  interval CHECK (schedule_every > interval '0'),
     next_run_at     timestamptz,
     created_at      timestamptz NOT NULL DEFAULT now(),
@@ -34,6 +36,7 @@ CREATE TABLE connection_runs (
     connection_id        bigint REFERENCES connections (id) ON DELETE SET NULL,
     workspace_id         bigint NOT NULL REFERENCES workspaces (id),
     provider             text NOT NULL,
+    budget_key           text,
     kind                 text NOT NULL DEFAULT 'sync' CHECK (kind IN ('sync', 'purge')),
     status               text NOT NULL
                          CHECK (status IN ('waiting', 'queued', 'running', 'succeeded',
@@ -121,6 +124,15 @@ CREATE TABLE records (
     -- the current attempt are known seen without being listed in run_seen_keys.
     written_by     uuid NOT NULL,
     PRIMARY KEY (connection_id, table_name, external_id)
+);
+
+-- Provider rate budgets found exhausted, shared by every worker: no run drawing on a blocked
+-- budget is claimed before blocked_until, and running ones wait (their control read sees it).
+CREATE TABLE rate_budgets (
+    key            text PRIMARY KEY,
+    blocked_until  timestamptz NOT NULL,
+    reason         text NOT NULL,
+    updated_at     timestamptz NOT NULL DEFAULT now()
 );
 
 CREATE TABLE table_state (

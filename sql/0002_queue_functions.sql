@@ -25,9 +25,10 @@ DECLARE
     created connection_runs;
 BEGIN
     FOR round IN 1..10 LOOP
-        INSERT INTO connection_runs (connection_id, workspace_id, provider, kind, status,
-                                     trigger, max_attempts)
-        SELECT c.id, c.workspace_id, c.provider, 'sync', 'queued', p_trigger, p_max_attempts
+        INSERT INTO connection_runs (connection_id, workspace_id, provider, budget_key, kind,
+                                     status, trigger, max_attempts)
+        SELECT c.id, c.workspace_id, c.provider, c.budget_key, 'sync', 'queued', p_trigger,
+               p_max_attempts
           FROM connections c
          WHERE c.id = p_connection_id
            AND (p_workspace_id IS NULL OR c.workspace_id = p_workspace_id)
@@ -66,7 +67,8 @@ $$;
 
 -- claim_run: take the oldest claimable run, lock it and its workspace, and make it running under
 -- a fresh fencing token. Claimable: queued and due; running with an expired lease; a waiting
--- purge whose connection has no queued/running run left.
+-- purge whose connection has no queued/running run left; in each case only while the rate
+-- budget the run draws on is not blocked.
 -- Invariant: two runs of one lane never hold live leases at once. The candidate query filters by
 -- the limiter, but its snapshot predates the workspace lock, so a run another claimer committed
 -- meanwhile is invisible to it. Every claimer of a workspace holds that workspace's row lock until
@@ -100,6 +102,10 @@ BEGIN
                              WHERE o.connection_id = r.connection_id
                                AND o.status IN ('queued', 'running'))
                END
+           -- A shared rate budget found exhausted holds back every run drawing on it.
+           AND (r.budget_key IS NULL OR NOT EXISTS (
+                   SELECT 1 FROM rate_budgets b
+                    WHERE b.key = r.budget_key AND b.blocked_until > now()))
            -- The limiter (see the re-check below).
            AND NOT EXISTS (
                    SELECT 1 FROM connection_runs o

@@ -31,11 +31,54 @@ UPDATE connection_runs
 RETURNING lease_expires_at;
 
 -- name: read_run_control
--- What the lease keeper polls: no row means the lease is lost; cancel_requested means stop.
-SELECT cancel_requested_at IS NOT NULL AS cancel_requested
-  FROM connection_runs
- WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-   AND lease_expires_at > now();
+-- What the lease keeper polls: no row means the lease is lost; cancel_requested means stop;
+-- budget_blocked_until says the run's shared rate budget is spent until then.
+SELECT r.cancel_requested_at IS NOT NULL AS cancel_requested,
+       (SELECT b.blocked_until FROM rate_budgets b
+         WHERE b.key = r.budget_key AND b.blocked_until > now()) AS budget_blocked_until
+  FROM connection_runs r
+ WHERE r.id = %(run_id)s AND r.lease_owner = %(lease_owner)s AND r.status = 'running'
+   AND r.lease_expires_at > now();
+
+-- name: block_rate_budget
+-- Records that a rate budget is spent until a time. Never shortens a block already recorded.
+-- Not fenced: what a provider said about a shared budget is true whoever heard it.
+INSERT INTO rate_budgets (key, blocked_until, reason)
+VALUES (%(key)s, %(blocked_until)s, %(reason)s)
+ON CONFLICT (key) DO UPDATE
+   SET blocked_until = greatest(rate_budgets.blocked_until, EXCLUDED.blocked_until),
+       reason = EXCLUDED.reason, updated_at = now();
+
+-- name: lock_credentials
+-- Locks a connection's row for a credential refresh, once this claim is known to still hold
+-- its run (fenced; the run row stays share-locked, so the save below cannot lose the lease):
+-- two runs never spend one single-use refresh token, and a stale worker never refreshes.
+WITH fence AS (
+    SELECT id FROM connection_runs
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+       FOR SHARE
+)
+SELECT c.credentials FROM connections c, fence
+ WHERE c.id = %(connection_id)s
+   FOR UPDATE OF c;
+
+-- name: lock_connection_credentials
+-- The API's side of the same lock, for a user giving a connection new credentials.
+SELECT credentials, provider, config FROM connections
+ WHERE id = %(connection_id)s
+   AND (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s)
+   AND status <> 'deleting'
+   FOR UPDATE;
+
+-- name: save_credentials
+-- Stores re-encrypted credentials, and the budget they draw on, under the lock taken above. A
+-- disconnected connection that gets new credentials is active again.
+UPDATE connections
+   SET credentials = %(credentials)s, budget_key = %(budget_key)s, updated_at = now(),
+       status = CASE WHEN status = 'disconnected' AND %(reconnect)s THEN 'active' ELSE status END
+ WHERE id = %(connection_id)s
+RETURNING *;
 
 -- name: finish_run
 -- Seals a run with a terminal status, its results and error, and closes its attempt. Fenced: a
@@ -179,11 +222,11 @@ WITH due AS (
        SET next_run_at = now() + c.schedule_every
       FROM due
      WHERE c.id = due.id
-    RETURNING c.id, c.workspace_id, c.provider
+    RETURNING c.id, c.workspace_id, c.provider, c.budget_key
 ), queued AS (
-    INSERT INTO connection_runs (connection_id, workspace_id, provider, kind, status, trigger,
-                                 max_attempts)
-    SELECT id, workspace_id, provider, 'sync', 'queued', 'schedule', %(max_attempts)s
+    INSERT INTO connection_runs (connection_id, workspace_id, provider, budget_key, kind,
+                                 status, trigger, max_attempts)
+    SELECT id, workspace_id, provider, budget_key, 'sync', 'queued', 'schedule', %(max_attempts)s
       FROM advanced
     ON CONFLICT (connection_id) WHERE status IN ('queued', 'running') DO NOTHING
     RETURNING id
@@ -384,9 +427,9 @@ SELECT * FROM workspaces ORDER BY id;
 SELECT * FROM workspaces WHERE id = %(workspace_id)s OR name = %(name)s ORDER BY id LIMIT 1;
 
 -- name: create_connection
-INSERT INTO connections (workspace_id, name, provider, config, credentials, schedule_every,
-                         next_run_at)
-VALUES (%(workspace_id)s, %(name)s, %(provider)s, %(config)s, %(credentials)s,
+INSERT INTO connections (workspace_id, name, provider, config, credentials, budget_key,
+                         schedule_every, next_run_at)
+VALUES (%(workspace_id)s, %(name)s, %(provider)s, %(config)s, %(credentials)s, %(budget_key)s,
         make_interval(secs => %(schedule_seconds)s),
         CASE WHEN %(schedule_seconds)s::float8 IS NULL THEN NULL ELSE now() END)
 RETURNING *;

@@ -19,9 +19,11 @@ from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
 import connectors
+from sync import redact
 from sync.db import Pool, open_pool
 from sync.embedded import embedded_url
 from sync.errors import Conflict, InvalidInput, NotFound, describe_validation_error
+from sync.executor import budget_key_of
 from sync.migrations import Migration, check_schema, grant, migrate
 from sync.models import Attempt, Connection, Run, WorkerInfo, Workspace
 from sync.queries import QUERIES
@@ -42,6 +44,7 @@ class Engine:
         database_url: str | None = None,
         pool_size: int | None = None,
     ) -> None:
+        redact.install()
         self.settings = settings or Settings()
         self.url = database_url or self.settings.database_url or embedded_url(self.settings.home)
         self.embedded = not (database_url or self.settings.database_url)
@@ -133,6 +136,8 @@ class Engine:
             validated = cls.config_model.model_validate(dict(config or {}))
         except ValidationError as exc:
             raise InvalidInput(describe_validation_error(exc)) from None
+        creds = dict(credentials or {})
+        redact.register(creds)
         seconds = (
             schedule_every.total_seconds()
             if isinstance(schedule_every, timedelta)
@@ -147,7 +152,8 @@ class Engine:
                 name=name,
                 provider=provider,
                 config=Jsonb(validated.model_dump(mode="json")),
-                credentials=self.secrets.encrypt(credentials) if credentials else None,
+                credentials=self.secrets.encrypt(creds) if creds else None,
+                budget_key=budget_key_of(cls, provider, validated, creds),
                 schedule_seconds=seconds,
             )
         except psycopg.errors.UniqueViolation:
@@ -157,6 +163,32 @@ class Engine:
         except psycopg.errors.CheckViolation:
             raise InvalidInput("a connection needs a non-empty name") from None
         return Connection.from_row(row)
+
+    def update_credentials(self, connection_id: int, credentials: Mapping[str, Any]) -> Connection:
+        """Give a connection new credentials (a disconnected one becomes active again). Takes
+        the same row lock as a run's token refresh, so the two never interleave."""
+        creds = dict(credentials)
+        redact.register(creds)
+        with self.pool.connection() as conn, conn.transaction():
+            row = conn.execute(
+                QUERIES.lock_connection_credentials,
+                {"connection_id": connection_id, "workspace_id": self._workspace_id},
+            ).fetchone()
+            if row is None:
+                raise NotFound(f"no connection {connection_id} (or it is being deleted)")
+            cls = connectors.get(row["provider"])
+            config = cls.config_model.model_validate(row["config"])
+            saved = conn.execute(
+                QUERIES.save_credentials,
+                {
+                    "connection_id": connection_id,
+                    "credentials": self.secrets.encrypt(creds),
+                    "budget_key": budget_key_of(cls, row["provider"], config, creds),
+                    "reconnect": True,
+                },
+            ).fetchone()
+        assert saved is not None
+        return Connection.from_row(saved)
 
     def connections(self, workspace_id: int | None = None) -> list[Connection]:
         rows = self._all(QUERIES.list_connections, workspace_id=self._scope(workspace_id))

@@ -5,10 +5,11 @@ gathers its inputs and applies its answer."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -24,7 +25,15 @@ from tenacity import (
 
 import connectors
 from connectors.base import Connector, Table
-from connectors.errors import Aborted, AuthError, ConnectorError, RateLimited, RetryableError
+from connectors.errors import (
+    Aborted,
+    AuthError,
+    ConnectorError,
+    PermanentError,
+    RateLimited,
+    RetryableError,
+)
+from sync import redact
 from sync.abort import AbortSignal
 from sync.db import Pool, first_line
 from sync.errors import LeaseLost, SecretsError, describe_validation_error
@@ -46,6 +55,7 @@ class ClaimedRun:
     connection_id: int | None
     workspace_id: int
     provider: str
+    budget_key: str | None
     kind: str
     attempts: int
     max_attempts: int
@@ -67,21 +77,42 @@ class ClaimedRun:
         return Lease(self.id, self.lease_owner)
 
 
+class BudgetView:
+    """When the run's shared rate budget is free again; kept fresh by the lease keeper's
+    control read and by the run's own reports."""
+
+    def __init__(self) -> None:
+        self.until: datetime | None = None
+
+
 class RunContext:
     """The engine's side of :class:`connectors.ConnectorContext` for one attempt."""
 
     def __init__(
         self,
+        *,
+        run: ClaimedRun,
+        connector_class: type[Connector],
         config: BaseModel,
         credentials: Mapping[str, Any],
         cursors: dict[str, Any],
         abort: AbortSignal,
+        budget: BudgetView,
+        pool: Pool,
+        secrets: SecretBox | None,
+        settings: Settings,
         logger: logging.LoggerAdapter[logging.Logger],
     ) -> None:
+        self._run = run
+        self._connector_class = connector_class
         self._config = config
         self._credentials = credentials
         self._cursors = cursors
         self._abort = abort
+        self._budget = budget
+        self._pool = pool
+        self._secrets = secrets
+        self._settings = settings
         self._logger = logger
 
     @property
@@ -109,6 +140,73 @@ class RunContext:
     def sleep(self, seconds: float) -> None:
         if self._abort.wait(seconds):
             self._abort.check()
+
+    @property
+    def max_inline_wait(self) -> float:
+        return self._settings.max_inline_wait
+
+    def refresh_credentials(
+        self, refresh: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    ) -> Mapping[str, Any]:
+        if self._secrets is None:
+            raise PermanentError("no secret key is configured, so credentials cannot be saved")
+        params = {
+            "run_id": self._run.id,
+            "lease_owner": self._run.lease_owner,
+            "connection_id": self._run.connection_id,
+        }
+        with self._pool.connection() as conn, conn.transaction():
+            row = conn.execute(QUERIES.lock_credentials, params).fetchone()
+            if row is None:
+                raise LeaseLost()
+            current = self._secrets.decrypt(row["credentials"]) if row["credentials"] else {}
+            fresh = dict(refresh(current))
+            redact.register(fresh)
+            if fresh != current:
+                conn.execute(
+                    QUERIES.save_credentials,
+                    {
+                        "connection_id": self._run.connection_id,
+                        "credentials": self._secrets.encrypt(fresh),
+                        "budget_key": budget_key_of(
+                            self._connector_class, self._run.provider, self._config, fresh
+                        ),
+                        "reconnect": False,
+                    },
+                )
+                self._logger.info("credentials refreshed and saved")
+        self._credentials = fresh
+        return fresh
+
+    def report_rate_limit(self, until: datetime, reason: str) -> None:
+        key = self._run.budget_key
+        if self._budget.until is None or until > self._budget.until:
+            self._budget.until = until
+        if key is None:
+            return
+        with self._pool.connection() as conn:
+            conn.execute(
+                QUERIES.block_rate_budget,
+                {"key": key, "blocked_until": until, "reason": redact.redact(reason)},
+            )
+        self._logger.info("rate budget spent until %s: %s", until.isoformat(), reason)
+
+    def rate_limited_until(self) -> datetime | None:
+        until = self._budget.until
+        if until is not None and until <= datetime.now(UTC):
+            return None
+        return until
+
+
+def budget_key_of(
+    cls: type[Connector], provider: str, config: BaseModel, credentials: Mapping[str, Any]
+) -> str | None:
+    """The hashed rate-budget key of a connection: never the connector's raw key, which may be
+    derived from a secret."""
+    key = cls.budget_key(config, credentials)
+    if key is None:
+        return None
+    return f"{provider}:{hashlib.sha256(key.encode()).hexdigest()[:24]}"
 
 
 class _StopAttempt(Exception):
@@ -138,6 +236,7 @@ class Executor:
     def execute(self, run: ClaimedRun) -> Outcome:
         """Run one claimed run to its end and apply the outcome. Returns what was decided."""
         abort = AbortSignal()
+        budget = BudgetView()
         logger = logging.LoggerAdapter(
             log,
             {
@@ -148,13 +247,13 @@ class Executor:
             },
         )
         self.current = abort
-        self._keeper.watch(run.lease, abort, logger=logger)
+        self._keeper.watch(run.lease, abort, budget=budget, logger=logger)
         logger.info("%s run started (attempt %d of %d)", run.kind, run.attempts, run.max_attempts)
         try:
             if run.kind == "purge":
                 outcome, results, processed = self._purge(run, abort, logger)
             else:
-                outcome, results = self._sync(run, abort, logger)
+                outcome, results = self._sync(run, abort, budget, logger)
                 processed = None
             self._apply(run, outcome, results, processed, logger)
             return outcome
@@ -167,7 +266,11 @@ class Executor:
     # -- sync ------------------------------------------------------------------------------
 
     def _sync(
-        self, run: ClaimedRun, abort: AbortSignal, logger: logging.LoggerAdapter[logging.Logger]
+        self,
+        run: ClaimedRun,
+        abort: AbortSignal,
+        budget: BudgetView,
+        logger: logging.LoggerAdapter[logging.Logger],
     ) -> tuple[Outcome, dict[str, TableResult]]:
         results = {name: TableResult.from_json(r) for name, r in (run.results or {}).items()}
         decide_ = self._decider(run)
@@ -176,7 +279,7 @@ class Executor:
             error = {"kind": "cancelled", "message": f"the connection is {state}"}
             return Outcome(Action.FINISH, "cancelled", error=error), results
         try:
-            connector = self._open_connector(run, abort, logger)
+            connector = self._open_connector(run, abort, budget, logger)
         except _StopAttempt as stop:
             return decide_(results, run_error=stop.error), results
         for table in connector.tables:
@@ -205,7 +308,11 @@ class Executor:
         return decide_(results, abort=abort.reason), results
 
     def _open_connector(
-        self, run: ClaimedRun, abort: AbortSignal, logger: logging.LoggerAdapter[logging.Logger]
+        self,
+        run: ClaimedRun,
+        abort: AbortSignal,
+        budget: BudgetView,
+        logger: logging.LoggerAdapter[logging.Logger],
     ) -> Connector:
         try:
             cls = connectors.get(run.provider)
@@ -225,9 +332,22 @@ class Executor:
                 credentials = self._secrets.decrypt(run.credentials)
             except SecretsError as exc:
                 raise _StopAttempt({"kind": "config", "message": str(exc)}) from None
+            redact.register(credentials)
         assert run.connection_id is not None
         cursors = self._read_cursors(run.connection_id)
-        context = RunContext(config, credentials, cursors, abort, logger)
+        context = RunContext(
+            run=run,
+            connector_class=cls,
+            config=config,
+            credentials=credentials,
+            cursors=cursors,
+            abort=abort,
+            budget=budget,
+            pool=self._pool,
+            secrets=self._secrets,
+            settings=self._settings,
+            logger=logger,
+        )
         try:
             return cls(context)
         except ConnectorError as exc:
@@ -301,6 +421,8 @@ class Executor:
             logger.exception("connector raised an unexpected error in table %s", table.name)
             status = TableStatus.RETRY
             error = {"kind": "internal", "message": f"unexpected error: {_brief(exc)}"}
+        if error is not None:
+            error = redact.redact_json(error)
         counts = writer.counts if writer else None
         result = TableResult(
             status=status,

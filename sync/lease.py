@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -37,14 +37,23 @@ def renew(conn: psycopg.Connection[Any], lease: Lease, seconds: float) -> bool:
     return row is not None
 
 
-def read_control(conn: psycopg.Connection[Any], lease: Lease) -> AbortReason | None:
-    """What the run's row says: lost, cancelled, or carry on (None)."""
+@dataclass(frozen=True)
+class Control:
+    """What the run's row says: stop (lost or cancelled), or carry on (``stop`` None), and
+    until when its shared rate budget is spent."""
+
+    stop: AbortReason | None
+    budget_blocked_until: datetime | None = None
+
+
+def read_control(conn: psycopg.Connection[Any], lease: Lease) -> Control:
     row = conn.execute(
         QUERIES.read_run_control, {"run_id": lease.run_id, "lease_owner": lease.lease_owner}
     ).fetchone()
     if row is None:
-        return AbortReason.LEASE_LOST
-    return AbortReason.CANCELLED if row["cancel_requested"] else None
+        return Control(AbortReason.LEASE_LOST)
+    stop = AbortReason.CANCELLED if row["cancel_requested"] else None
+    return Control(stop, row["budget_blocked_until"])
 
 
 @dataclass
@@ -55,6 +64,7 @@ class _Watch:
     valid_until: float  # monotonic: when the lease runs out unless renewed
     next_renew: float
     next_control: float
+    budget: Any = None  # executor.BudgetView: .until, refreshed by each control read
     log: logging.LoggerAdapter[logging.Logger] | logging.Logger = field(default=log)
 
 
@@ -98,6 +108,7 @@ class LeaseKeeper:
         lease: Lease,
         abort: AbortSignal,
         *,
+        budget: Any = None,
         logger: logging.LoggerAdapter[logging.Logger] | logging.Logger = log,
     ) -> None:
         now = time.monotonic()
@@ -110,6 +121,7 @@ class LeaseKeeper:
                 valid_until=now + s.lease_seconds,
                 next_renew=now + s.renew_interval,
                 next_control=now + s.control_interval,
+                budget=budget,
                 log=logger,
             )
             self._cond.notify_all()
@@ -167,13 +179,17 @@ class LeaseKeeper:
             watch.next_control = now + s.control_interval
             try:
                 with self._pool.connection(timeout=5) as conn:
-                    reason = read_control(conn, watch.lease)
+                    control = read_control(conn, watch.lease)
             except Exception as exc:
                 self._failed(watch, "control", exc)
             else:
-                if reason is not None:
-                    watch.log.info("run control says %s", reason.value)
-                    watch.abort.trip(reason)
+                if control.stop is not None:
+                    watch.log.info("run control says %s", control.stop.value)
+                    watch.abort.trip(control.stop)
+                if watch.budget is not None and control.budget_blocked_until is not None:
+                    current = watch.budget.until
+                    if current is None or control.budget_blocked_until > current:
+                        watch.budget.until = control.budget_blocked_until
         # Without a renewal we cannot know whether another worker holds the run: stop writing
         # a little before the lease the database knows of runs out.
         if time.monotonic() >= watch.valid_until - min(5.0, s.lease_seconds / 10):

@@ -19,7 +19,7 @@ import orjson
 import psycopg
 from psycopg.types.json import Jsonb
 
-from connectors.base import Checkpoint, Deleted, Mode, Table
+from connectors.base import Checkpoint, Deleted, Mode, Resync, Table
 from connectors.errors import PermanentError
 from sync.abort import AbortSignal
 from sync.errors import LeaseLost
@@ -103,6 +103,9 @@ class RecordWriter:
         self._abort = abort
         self._records: dict[str, tuple[str, bytes]] = {}
         self._deletions: set[str] = set()
+        # Tombstone unseen rows at the end: always for a full table; for an incremental one
+        # once the provider asked for a resync.
+        self._full = table.mode is Mode.FULL
         self.counts = WriteCounts()
 
     def write(self, item: Any) -> None:
@@ -115,6 +118,9 @@ class RecordWriter:
         elif isinstance(item, Checkpoint):
             self.flush()
             self._save_cursor(item.cursor)
+        elif isinstance(item, Resync):
+            self.flush()
+            self._full = True
         elif isinstance(item, Sequence | Iterable) and not isinstance(item, str | bytes):
             for inner in item:
                 self.write(inner)
@@ -155,7 +161,7 @@ class RecordWriter:
                 external_ids=keys,
                 datas=datas,
                 hashes=hashes,
-                track_seen=self._table.mode is Mode.FULL,
+                track_seen=self._full,
             )
             self.counts.upserted += row["upserted"]
             self.counts.unchanged += row["unchanged"]
@@ -169,7 +175,7 @@ class RecordWriter:
         """The table was read to its end: flush, and for a ``full`` table tombstone the rows
         this attempt did not see."""
         self.flush()
-        if self._table.mode is Mode.FULL:
+        if self._full:
             self._abort.check()
             row = self._one(QUERIES.complete_full_table)
             self.counts.tombstoned += row["tombstoned"]

@@ -77,7 +77,7 @@ def test_every_write_of_a_stale_claim_matches_nothing(engine: Engine, admin: Any
         # the limiter treats an expired lease as free, so the writes must too.
         admin.execute("UPDATE connection_runs SET lease_expires_at = now() - interval '1 second'")
         assert renew(db, stale, 120) is False
-        assert read_control(db, stale) is AbortReason.LEASE_LOST
+        assert read_control(db, stale).stop is AbortReason.LEASE_LOST
         writer.write({"id": 1, "v": "stale"})
         with pytest.raises(LeaseLost):
             writer.flush()

@@ -1,0 +1,160 @@
+"""How requests are authenticated: a bearer token, an API key, or OAuth2 (authlib) with refresh.
+
+OAuth2 refreshes go through ``context.refresh_credentials``: the engine runs the refresh under a
+per-connection database lock and saves the new tokens, encrypted, in a fenced write, so two runs
+never spend one single-use refresh token and a rotated token is never lost.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import httpx
+from authlib.oauth2.rfc6749.errors import OAuth2Error
+
+with warnings.catch_warnings():
+    # Authlib 1.9 prefers the httpx2 fork and warns when it falls back to httpx. We use httpx
+    # on purpose: one HTTP stack for connectors and for respx in tests.
+    warnings.filterwarnings("ignore", message="The httpx module is deprecated")
+    from authlib.integrations.httpx_client import OAuth2Client
+
+from connectors.context import ConnectorContext
+from connectors.errors import AuthError, RetryableError
+
+# Refresh a token this long before it expires, so it never expires mid-request.
+EXPIRY_SKEW = 60.0
+
+
+class Auth:
+    """Adds credentials to a request; may be able to refresh them after a 401."""
+
+    def apply(self, headers: dict[str, str]) -> None:
+        raise NotImplementedError
+
+    def refresh(self) -> bool:
+        """Get fresh credentials; False if this kind of credential cannot be refreshed."""
+        return False
+
+
+class BearerToken(Auth):
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise AuthError("the connection's credentials have no token")
+        self._token = token
+
+    def apply(self, headers: dict[str, str]) -> None:
+        headers["Authorization"] = f"Bearer {self._token}"
+
+
+class ApiKey(Auth):
+    def __init__(self, key: str, header: str = "X-API-Key") -> None:
+        if not key:
+            raise AuthError("the connection's credentials have no API key")
+        self._key = key
+        self._header = header
+
+    def apply(self, headers: dict[str, str]) -> None:
+        headers[self._header] = self._key
+
+
+Grant = Literal["client_credentials", "refresh_token"]
+
+
+class OAuth2(Auth):
+    """OAuth2 access tokens from ``context.credentials``: ``client_id``, ``client_secret``,
+    and ``access_token`` / ``refresh_token`` / ``expires_at`` (Unix seconds) once obtained.
+
+    ``grant="client_credentials"`` fetches a new token with the client's own credentials;
+    ``grant="refresh_token"`` (the authorization-code flow) spends the refresh token, and keeps
+    the new one if the provider rotates it.
+    """
+
+    def __init__(
+        self,
+        context: ConnectorContext,
+        *,
+        token_url: str,
+        grant: Grant,
+        scope: str | None = None,
+        client_auth: Literal["client_secret_post", "client_secret_basic"] = "client_secret_post",
+    ) -> None:
+        self._context = context
+        self._token_url = token_url
+        self._grant = grant
+        self._scope = scope
+        self._client_auth = client_auth
+        self._credentials: Mapping[str, Any] = dict(context.credentials)
+        for field in ("client_id", "client_secret"):
+            if not self._credentials.get(field):
+                raise AuthError(f"the connection's credentials have no {field}")
+        if grant == "refresh_token" and not self._credentials.get("refresh_token"):
+            raise AuthError("the connection's credentials have no refresh_token; authorize again")
+
+    def apply(self, headers: dict[str, str]) -> None:
+        if not self._usable(self._credentials):
+            self.refresh()
+        headers["Authorization"] = f"Bearer {self._credentials['access_token']}"
+
+    def refresh(self) -> bool:
+        used = self._credentials.get("access_token")
+
+        def renew(current: Mapping[str, Any]) -> Mapping[str, Any]:
+            # Another run may have refreshed while we waited for the lock: use its token.
+            if current.get("access_token") != used and self._usable(current):
+                return current
+            return {**current, **self._fetch(current)}
+
+        self._credentials = dict(self._context.refresh_credentials(renew))
+        return True
+
+    @staticmethod
+    def _usable(credentials: Mapping[str, Any]) -> bool:
+        token = credentials.get("access_token")
+        expires_at = credentials.get("expires_at")
+        if not token:
+            return False
+        return expires_at is None or float(expires_at) - EXPIRY_SKEW > time.time()
+
+    def _fetch(self, current: Mapping[str, Any]) -> dict[str, Any]:
+        client = OAuth2Client(
+            client_id=current["client_id"],
+            client_secret=current["client_secret"],
+            scope=self._scope,
+            token_endpoint_auth_method=self._client_auth,
+            timeout=30.0,
+        )
+        try:
+            with client:
+                if self._grant == "client_credentials":
+                    token = client.fetch_token(self._token_url, grant_type="client_credentials")
+                else:
+                    token = client.refresh_token(
+                        self._token_url, refresh_token=current["refresh_token"]
+                    )
+        except OAuth2Error as exc:
+            raise AuthError(
+                f"the token endpoint refused the credentials ({exc.error}); authorize again"
+            ) from None
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code >= 500:
+                raise RetryableError(
+                    f"the token endpoint failed ({exc.response.status_code})"
+                ) from None
+            raise AuthError(
+                f"the token endpoint refused the credentials ({exc.response.status_code})"
+            ) from None
+        except (httpx.TransportError, ValueError) as exc:
+            raise RetryableError(f"the token endpoint could not be reached ({exc})") from None
+        if not token.get("access_token"):
+            raise AuthError("the token endpoint answered without an access_token")
+        fresh: dict[str, Any] = {"access_token": token["access_token"]}
+        if token.get("expires_at") is not None:
+            fresh["expires_at"] = float(token["expires_at"])
+        elif token.get("expires_in") is not None:
+            fresh["expires_at"] = time.time() + float(token["expires_in"])
+        if token.get("refresh_token"):
+            fresh["refresh_token"] = token["refresh_token"]
+        return fresh

@@ -1,0 +1,261 @@
+"""The HTTP client connectors use: httpx with timeouts, a bound on body size and total time,
+short in-request retries of transient faults (tenacity), the abort signal, shared rate budgets,
+credential refresh, and classification of every response into the connector error types.
+
+A short wait (Retry-After up to ``max_inline_wait``, 30 s by default) is slept inside the run
+while the engine keeps the lease; a longer one ends the attempt with :class:`RateLimited` and the
+run is requeued at that time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import orjson
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from connectors.auth import Auth
+from connectors.context import ConnectorContext
+from connectors.errors import AuthError, PermanentError, RateLimited, RetryableError
+from connectors.http_policy import Verdict, classify
+
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+USER_AGENT = "connector-sync"
+
+
+class _Transient(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class HttpClient:
+    """One per connector instance. Every method raises only connector errors (or ``Aborted``)."""
+
+    def __init__(
+        self,
+        context: ConnectorContext,
+        *,
+        base_url: str = "",
+        auth: Auth | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        total_timeout: float = 300.0,
+        max_body_bytes: int = 32 * 1024 * 1024,
+        transient_retries: int = 3,
+        max_inline_wait: float | None = None,
+        on_response: Callable[[httpx.Response], None] | None = None,
+    ) -> None:
+        self._context = context
+        self._auth = auth
+        self._total_timeout = total_timeout
+        self._max_body = max_body_bytes
+        self._retries = transient_retries
+        self._max_inline_wait = (
+            context.max_inline_wait if max_inline_wait is None else max_inline_wait
+        )
+        self._on_response = on_response
+        self._client = httpx.Client(
+            base_url=base_url,
+            headers={"User-Agent": USER_AGENT, **(headers or {})},
+            timeout=timeout,
+            follow_redirects=True,
+            max_redirects=10,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> HttpClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- requests --------------------------------------------------------------------------
+
+    def get(self, url: str, **kwargs: Any) -> httpx.Response:
+        return self.request("GET", url, **kwargs)
+
+    def get_json(self, url: str, **kwargs: Any) -> Any:
+        return self.json_of(self.get(url, **kwargs))
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        json: Any = None,
+        data: Mapping[str, Any] | None = None,
+    ) -> httpx.Response:
+        """Send a request until it succeeds or fails for good, and return the response."""
+        refreshed = False
+        inline_waits = 0
+        while True:
+            self._respect_budget()
+            response = self._send_with_retries(method, url, params, headers, json, data)
+            if self._on_response is not None:
+                self._on_response(response)
+            verdict = classify(response.status_code, response.headers, _now(), refreshed=refreshed)
+            where = f"{method} {_display(response.request.url)}"
+            if verdict.verdict is Verdict.OK:
+                return response
+            if verdict.verdict is Verdict.REFRESH and self._auth is not None:
+                if self._auth.refresh():
+                    refreshed = True
+                    continue
+                raise AuthError(f"{where}: 401 Unauthorized and the credentials cannot refresh")
+            if verdict.verdict in (Verdict.REFRESH, Verdict.AUTH):
+                raise AuthError(f"{where}: 401 Unauthorized after refreshing the credentials")
+            if verdict.verdict is Verdict.RATE_LIMITED:
+                if verdict.nonsense_retry_after:
+                    self._context.logger.warning(
+                        "%s sent an unusable Retry-After %r; falling back to the backoff",
+                        where,
+                        response.headers.get("retry-after"),
+                    )
+                wait = verdict.wait
+                if wait is not None and wait <= self._max_inline_wait and inline_waits < 5:
+                    inline_waits += 1
+                    self._context.logger.info("%s rate limited; waiting %.1f s", where, wait)
+                    self._context.sleep(wait)
+                    continue
+                if wait is not None:
+                    self._context.report_rate_limit(
+                        _now() + timedelta(seconds=wait), f"{response.status_code} from {where}"
+                    )
+                raise RateLimited(f"{where}: {response.status_code} rate limited", wait)
+            if verdict.verdict in (Verdict.RETRYABLE, Verdict.TRANSIENT):
+                raise RetryableError(f"{where}: {response.status_code} {_snippet(response)}")
+            raise PermanentError(f"{where}: {response.status_code} {_snippet(response)}")
+
+    def json_of(self, response: httpx.Response) -> Any:
+        """The response's JSON body, or a clear error if it is not JSON."""
+        where = f"{response.request.method} {_display(response.request.url)}"
+        kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind and not (kind == "application/json" or kind.endswith("+json")):
+            raise RetryableError(f"{where}: expected JSON but got {kind} ({_snippet(response)})")
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            try:  # integers beyond 64 bits, which orjson refuses
+                return json.loads(response.content)
+            except ValueError as exc:
+                raise RetryableError(f"{where}: the body is not valid JSON ({exc})") from None
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _respect_budget(self) -> None:
+        """Wait for (or give the attempt up to) a rate budget another run found exhausted."""
+        self._context.check_abort()
+        until = self._context.rate_limited_until()
+        if until is None:
+            return
+        wait = (until - _now()).total_seconds()
+        if wait <= 0:
+            return
+        if wait <= self._max_inline_wait:
+            self._context.sleep(wait)
+            return
+        raise RateLimited(f"the shared rate budget is exhausted until {until:%H:%M:%S} UTC", wait)
+
+    def _send_with_retries(
+        self,
+        method: str,
+        url: str,
+        params: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+        json: Any,
+        data: Mapping[str, Any] | None,
+    ) -> httpx.Response:
+        retrying = Retrying(
+            retry=retry_if_exception_type(_Transient),
+            stop=stop_after_attempt(self._retries + 1),
+            wait=wait_random_exponential(multiplier=0.5, max=4.0),
+            sleep=self._context.sleep,
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    return self._send_once(method, url, params, headers, json, data)
+        except _Transient as exc:
+            raise RetryableError(exc.message) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _send_once(
+        self,
+        method: str,
+        url: str,
+        params: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+        json: Any,
+        data: Mapping[str, Any] | None,
+    ) -> httpx.Response:
+        self._context.check_abort()
+        request_headers = dict(headers or {})
+        if self._auth is not None:
+            self._auth.apply(request_headers)
+        request = self._client.build_request(
+            method, url, params=params, headers=request_headers, json=json, data=data
+        )
+        where = f"{method} {_display(request.url)}"
+        deadline = time.monotonic() + self._total_timeout
+        try:
+            response = self._client.send(request, stream=True)
+            try:
+                declared = int(response.headers.get("content-length") or 0)
+                if declared > self._max_body:
+                    raise PermanentError(f"{where}: the body is {declared} bytes, over the limit")
+                body = bytearray()
+                for chunk in response.iter_bytes():
+                    body += chunk
+                    if len(body) > self._max_body:
+                        raise PermanentError(
+                            f"{where}: the body is over the limit of {self._max_body} bytes"
+                        )
+                    if time.monotonic() > deadline:
+                        raise _Transient(
+                            f"{where}: the body took over {self._total_timeout:.0f} s to arrive"
+                        )
+            finally:
+                response.close()
+        except httpx.TooManyRedirects:
+            raise PermanentError(f"{where}: too many redirects (a redirect loop?)") from None
+        except httpx.TimeoutException as exc:
+            raise _Transient(f"{where}: timed out ({type(exc).__name__})") from None
+        except httpx.TransportError as exc:
+            raise _Transient(f"{where}: network error ({type(exc).__name__}: {exc})") from None
+        complete = httpx.Response(
+            response.status_code, headers=response.headers, content=bytes(body), request=request
+        )
+        verdict = classify(complete.status_code, complete.headers, _now(), refreshed=False)
+        if verdict.verdict is Verdict.TRANSIENT:
+            raise _Transient(f"{where}: {complete.status_code} {_snippet(complete)}")
+        return complete
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _display(url: httpx.URL) -> str:
+    """A URL for messages: never its query string, which may carry a key."""
+    return str(url.copy_with(query=None, fragment=None))
+
+
+def _snippet(response: httpx.Response, limit: int = 200) -> str:
+    text = response.content[:limit].decode("utf-8", "replace").strip().replace("\n", " ")
+    return text or response.reason_phrase

@@ -1,0 +1,136 @@
+"""Page loops: each yields one page at a time, so a table of any size streams through in constant
+memory, and each refuses to loop forever (a next link or token already followed is an error)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import httpx
+
+from connectors.errors import PermanentError
+from connectors.http import HttpClient
+
+MAX_PAGES = 1_000_000
+
+
+class _LoopGuard:
+    def __init__(self, what: str, max_pages: int) -> None:
+        self._seen: set[str] = set()
+        self._what = what
+        self._max_pages = max_pages
+
+    def visit(self, key: str) -> None:
+        if key in self._seen:
+            raise PermanentError(f"paging loop: the {self._what} {key!r} came back a second time")
+        if len(self._seen) >= self._max_pages:
+            raise PermanentError(f"paging stopped after {self._max_pages} pages")
+        self._seen.add(key)
+
+
+def link_header_pages(
+    client: HttpClient,
+    url: str,
+    *,
+    params: Mapping[str, Any] | None = None,
+    max_pages: int = MAX_PAGES,
+) -> Iterator[httpx.Response]:
+    """Follow ``Link: <...>; rel="next"`` (RFC 8288; GitHub, Procore) until there is none."""
+    guard = _LoopGuard("next link", max_pages)
+    next_url: str | None = url
+    next_params = params
+    while next_url is not None:
+        response = client.get(next_url, params=next_params)
+        guard.visit(str(response.request.url))
+        yield response
+        link = response.links.get("next")
+        next_url = link.get("url") if link else None
+        next_params = None  # the next link carries every parameter itself
+
+
+def next_link_pages(
+    client: HttpClient,
+    url: str,
+    *,
+    next_key: str = "@odata.nextLink",
+    params: Mapping[str, Any] | None = None,
+    max_pages: int = MAX_PAGES,
+) -> Iterator[Any]:
+    """Follow a next URL carried in the JSON body (Microsoft Graph's ``@odata.nextLink``).
+    Yields each page's parsed body."""
+    guard = _LoopGuard("next link", max_pages)
+    next_url: str | None = url
+    next_params = params
+    while next_url is not None:
+        guard.visit(next_url if next_params is None else f"{next_url}?{dict(next_params)}")
+        body = client.get_json(next_url, params=next_params)
+        if not isinstance(body, dict):
+            raise PermanentError(f"expected a JSON object page, got {type(body).__name__}")
+        yield body
+        next_url = body.get(next_key)
+        next_params = None
+
+
+def page_number_pages(
+    client: HttpClient,
+    url: str,
+    *,
+    params: Mapping[str, Any] | None = None,
+    page_param: str = "page",
+    size_param: str = "per_page",
+    size: int = 100,
+    first: int = 1,
+    items: Callable[[Any], list[Any]] = lambda body: body,
+    total_header: str | None = "Total",
+    max_pages: int = MAX_PAGES,
+) -> Iterator[list[Any]]:
+    """Ask for page 1, 2, 3... until a short or empty page, or the ``total_header`` count is
+    reached (Procore sends ``Total`` and ``Per-Page``). Yields each page's items."""
+    page = first
+    fetched = 0
+    for _ in range(max_pages):
+        response = client.get(url, params={**(params or {}), page_param: page, size_param: size})
+        found = items(client.json_of(response))
+        if not isinstance(found, list):
+            raise PermanentError(f"expected a JSON list of items, got {type(found).__name__}")
+        if found:
+            yield found
+        fetched += len(found)
+        total = _int_header(response, total_header)
+        if len(found) < size or (total is not None and fetched >= total):
+            return
+        page += 1
+    raise PermanentError(f"paging stopped after {max_pages} pages")
+
+
+def cursor_pages(
+    client: HttpClient,
+    url: str,
+    *,
+    cursor_param: str,
+    next_cursor: Callable[[Any], str | None],
+    params: Mapping[str, Any] | None = None,
+    max_pages: int = MAX_PAGES,
+) -> Iterator[Any]:
+    """Pass an opaque cursor token from each page to the next request. Yields parsed bodies."""
+    guard = _LoopGuard("cursor", max_pages)
+    cursor: str | None = None
+    while True:
+        query = dict(params or {})
+        if cursor is not None:
+            query[cursor_param] = cursor
+        body = client.get_json(url, params=query)
+        yield body
+        cursor = next_cursor(body)
+        if not cursor:
+            return
+        guard.visit(cursor)
+
+
+def _int_header(response: httpx.Response, name: str | None) -> int | None:
+    if name is None:
+        return None
+    try:
+        return int(response.headers[name])
+    except (KeyError, ValueError):
+        return None

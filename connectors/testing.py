@@ -1,0 +1,75 @@
+"""Test a connector offline, without Postgres: a :class:`FakeContext` stands in for the engine,
+and :func:`read_table` collects what a table yields. For a full sync through the engine against
+a real database, see ``sync.testing``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from connectors.base import Connector, Item, Table
+from connectors.errors import Aborted
+
+
+@dataclass
+class FakeContext:
+    """An in-memory ConnectorContext. Sleeps are recorded, not slept."""
+
+    config: BaseModel
+    credentials: Mapping[str, Any] = field(default_factory=dict)
+    cursors: dict[str, Any] = field(default_factory=dict)
+    max_inline_wait: float = 30.0
+    aborted: bool = False
+    slept: list[float] = field(default_factory=list)
+    refreshes: int = 0
+    rate_limits: list[tuple[datetime, str]] = field(default_factory=list)
+    blocked_until: datetime | None = None
+    logger: logging.LoggerAdapter[logging.Logger] = field(
+        default_factory=lambda: logging.LoggerAdapter(logging.getLogger("connector.test"), {})
+    )
+
+    def cursor(self, table: str) -> Any | None:
+        return self.cursors.get(table)
+
+    def check_abort(self) -> None:
+        if self.aborted:
+            raise Aborted("test")
+
+    def sleep(self, seconds: float) -> None:
+        self.check_abort()
+        self.slept.append(seconds)
+
+    def refresh_credentials(
+        self, refresh: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    ) -> Mapping[str, Any]:
+        self.refreshes += 1
+        self.credentials = dict(refresh(self.credentials))
+        return self.credentials
+
+    def report_rate_limit(self, until: datetime, reason: str) -> None:
+        self.rate_limits.append((until, reason))
+
+    def rate_limited_until(self) -> datetime | None:
+        return self.blocked_until
+
+
+def read_table(connector: Connector, table: Table | str) -> list[Item]:
+    """Everything ``table`` yields, pages flattened."""
+    if isinstance(table, str):
+        table = next(t for t in connector.tables if t.name == table)
+    items: list[Item] = []
+    for item in connector.read(table):
+        if isinstance(item, Mapping) or not isinstance(item, Iterable):
+            items.append(item)
+        else:
+            items.extend(_flatten(item))
+    return items
+
+
+def _flatten(page: Iterable[Any] | Sequence[Any]) -> list[Item]:
+    return list(page)
