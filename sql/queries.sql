@@ -481,3 +481,21 @@ SELECT a.* FROM run_attempts a
 
 -- name: list_workers
 SELECT w.*, now() - w.heartbeat_at AS since_heartbeat FROM workers w ORDER BY w.started_at;
+
+-- name: list_records
+-- A connection's records, live ones only unless asked; the API's read of synced data.
+SELECT r.table_name, r.external_id, r.data, r.first_seen_at, r.updated_at, r.deleted_at
+  FROM records r
+  JOIN connections c ON c.id = r.connection_id
+ WHERE r.connection_id = %(connection_id)s
+   AND (%(workspace_id)s::bigint IS NULL OR c.workspace_id = %(workspace_id)s)
+   AND (%(table_name)s::text IS NULL OR r.table_name = %(table_name)s)
+   AND (%(include_deleted)s OR r.deleted_at IS NULL)
+ ORDER BY r.table_name, r.external_id
+ LIMIT %(limit)s;
+
+-- name: make_run_due
+-- Tests only (sync.testing): a run queued for a later retry becomes due now.
+UPDATE connection_runs SET queued_at = now()
+ WHERE id = %(run_id)s AND status = 'queued' AND queued_at > now()
+RETURNING id;

@@ -12,7 +12,7 @@ from sync.errors import (
     SchemaBehind,
     SyncError,
 )
-from sync.models import Attempt, Connection, Run, WorkerInfo, Workspace
+from sync.models import Attempt, Connection, Record, Run, WorkerInfo, Workspace
 from sync.settings import Settings
 from sync.worker import Worker
 
@@ -25,6 +25,7 @@ __all__ = [
     "InvalidInput",
     "MigrationError",
     "NotFound",
+    "Record",
     "Run",
     "SchemaBehind",
     "Settings",

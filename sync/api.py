@@ -25,7 +25,7 @@ from sync.embedded import embedded_url
 from sync.errors import Conflict, InvalidInput, NotFound, describe_validation_error
 from sync.executor import budget_key_of
 from sync.migrations import Migration, check_schema, grant, migrate
-from sync.models import Attempt, Connection, Run, WorkerInfo, Workspace
+from sync.models import Attempt, Connection, Record, Run, WorkerInfo, Workspace
 from sync.queries import QUERIES
 from sync.secrets import SecretBox
 from sync.settings import Settings
@@ -308,6 +308,25 @@ class Engine:
     def attempts(self, run_id: int) -> list[Attempt]:
         rows = self._all(QUERIES.list_attempts, run_id=run_id, workspace_id=self._workspace_id)
         return [Attempt.from_row(r) for r in rows]
+
+    def records(
+        self,
+        connection_id: int,
+        table: str | None = None,
+        *,
+        include_deleted: bool = False,
+        limit: int = 10_000,
+    ) -> list[Record]:
+        """A connection's synced records (live ones unless ``include_deleted``)."""
+        rows = self._all(
+            QUERIES.list_records,
+            connection_id=connection_id,
+            workspace_id=self._workspace_id,
+            table_name=table,
+            include_deleted=include_deleted,
+            limit=limit,
+        )
+        return [Record.from_row(r) for r in rows]
 
     # -- workers ---------------------------------------------------------------------------
 

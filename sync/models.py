@@ -111,3 +111,13 @@ class WorkerInfo(_FromRow):
     stopped_at: datetime | None
     current_run_id: int | None
     since_heartbeat: timedelta
+
+
+@dataclass(frozen=True)
+class Record(_FromRow):
+    table_name: str
+    external_id: str
+    data: dict[str, Any]
+    first_seen_at: datetime
+    updated_at: datetime
+    deleted_at: datetime | None

@@ -15,6 +15,8 @@ from cryptography.fernet import Fernet
 import tests.fakes  # noqa: F401 - registers the test connectors
 from sync import Engine, Settings
 
+pytest_plugins = ["sync.testing"]
+
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 # One key for the session, inherited by worker subprocesses through the environment.
 os.environ.setdefault("CONNECTOR_SYNC_SECRET_KEYS", Fernet.generate_key().decode())
