@@ -27,7 +27,11 @@ from tenacity import (
 from connectors.auth import Auth
 from connectors.context import ConnectorContext
 from connectors.errors import AuthError, PermanentError, RateLimited, RetryableError
-from connectors.http_policy import Verdict, classify
+from connectors.http_policy import Classification, Verdict, classify
+
+ResponseClassifier = Callable[[httpx.Response, datetime], Classification | None]
+"""A provider's own reading of a response (GitHub's 403 that is a rate limit, Procore's 429 whose
+wait is in ``X-Rate-Limit-Reset``); None leaves the response to the standard classification."""
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 USER_AGENT = "connector-sync"
@@ -55,6 +59,7 @@ class HttpClient:
         transient_retries: int = 3,
         max_inline_wait: float | None = None,
         on_response: Callable[[httpx.Response], None] | None = None,
+        classify_response: ResponseClassifier | None = None,
     ) -> None:
         self._context = context
         self._auth = auth
@@ -65,6 +70,7 @@ class HttpClient:
             context.max_inline_wait if max_inline_wait is None else max_inline_wait
         )
         self._on_response = on_response
+        self._classify_response = classify_response
         self._client = httpx.Client(
             base_url=base_url,
             headers={"User-Agent": USER_AGENT, **(headers or {})},
@@ -108,7 +114,7 @@ class HttpClient:
             response = self._send_with_retries(method, url, params, headers, json, data)
             if self._on_response is not None:
                 self._on_response(response)
-            verdict = classify(response.status_code, response.headers, _now(), refreshed=refreshed)
+            verdict = self._classify(response, refreshed=refreshed)
             where = f"{method} {_display(response.request.url)}"
             if verdict.verdict is Verdict.OK:
                 return response
@@ -156,6 +162,14 @@ class HttpClient:
                 raise RetryableError(f"{where}: the body is not valid JSON ({exc})") from None
 
     # -- internals -------------------------------------------------------------------------
+
+    def _classify(self, response: httpx.Response, *, refreshed: bool) -> Classification:
+        now = _now()
+        if self._classify_response is not None:
+            verdict = self._classify_response(response, now)
+            if verdict is not None:
+                return verdict
+        return classify(response.status_code, response.headers, now, refreshed=refreshed)
 
     def _respect_budget(self) -> None:
         """Wait for (or give the attempt up to) a rate budget another run found exhausted."""
@@ -241,7 +255,7 @@ class HttpClient:
         complete = httpx.Response(
             response.status_code, headers=response.headers, content=bytes(body), request=request
         )
-        verdict = classify(complete.status_code, complete.headers, _now(), refreshed=False)
+        verdict = self._classify(complete, refreshed=False)
         if verdict.verdict is Verdict.TRANSIENT:
             raise _Transient(f"{where}: {complete.status_code} {_snippet(complete)}")
         return complete
