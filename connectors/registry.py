@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import logging
 from importlib.metadata import entry_points
 from typing import TypeVar
 
 from connectors.base import Connector
 
 ENTRY_POINT_GROUP = "connector_sync.connectors"
+
+log = logging.getLogger(__name__)
 
 C = TypeVar("C", bound=type[Connector])
 
@@ -49,13 +52,20 @@ def _add(cls: type[Connector], source: str) -> None:
 
 
 def _load_entry_points() -> None:
+    """Load the installed plugins once. A plugin that fails to import is skipped with a
+    warning (the others still work); a duplicate provider name raises on every call until
+    it is fixed."""
     global _entry_points_loaded
     if _entry_points_loaded:
         return
-    _entry_points_loaded = True
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        cls = ep.load()
+        try:
+            cls = ep.load()
+        except Exception as exc:
+            log.warning("connector plugin %r (%s) failed to load: %s", ep.name, ep.value, exc)
+            continue
         _add(cls, f"entry point {ep.name!r} ({ep.value})")
+    _entry_points_loaded = True
 
 
 def get(provider: str) -> type[Connector]:
