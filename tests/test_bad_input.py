@@ -127,3 +127,19 @@ def test_a_database_that_goes_away_mid_run_gives_a_clear_error(engine: Engine, a
     )
     assert worker.poll()
     assert engine.run(other.id).status == "succeeded"
+
+
+def test_a_bad_config_is_refused_at_creation_naming_the_field(engine: Engine) -> None:
+    import pytest
+
+    from sync import InvalidInput
+
+    ws = engine.create_workspace("acme")
+    with pytest.raises(InvalidInput) as raised:
+        engine.create_connection(ws.id, "c", "memory", config={"dataset": "x", "page_size": "lots"})
+    assert "page_size: Input should be a valid integer" in str(raised.value)
+    with pytest.raises(InvalidInput, match="dataset: Field required"):
+        engine.create_connection(ws.id, "c", "memory", config={})
+    with pytest.raises(InvalidInput, match="no connector is registered for provider 'nope'"):
+        engine.create_connection(ws.id, "c", "nope")
+    assert engine.connections() == []
