@@ -499,3 +499,15 @@ SELECT r.table_name, r.external_id, r.data, r.first_seen_at, r.updated_at, r.del
 UPDATE connection_runs SET queued_at = now()
  WHERE id = %(run_id)s AND status = 'queued' AND queued_at > now()
 RETURNING id;
+
+-- name: credentials_to_rotate
+-- One batch of connections with credentials, after a given id, locked for re-encryption.
+SELECT id, credentials FROM connections
+ WHERE credentials IS NOT NULL AND id > %(after_id)s
+ ORDER BY id
+ LIMIT %(limit)s
+   FOR UPDATE;
+
+-- name: store_rotated_credentials
+-- The same credentials, re-encrypted under the newest key.
+UPDATE connections SET credentials = %(credentials)s WHERE id = %(connection_id)s;

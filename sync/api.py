@@ -190,6 +190,30 @@ class Engine:
         assert saved is not None
         return Connection.from_row(saved)
 
+    def rotate_secret_keys(self, batch: int = 500) -> int:
+        """Re-encrypt every connection's credentials under the newest key (the first of
+        CONNECTOR_SYNC_SECRET_KEYS). After it, older keys can be dropped. Returns the count."""
+        if self._workspace_id is not None:
+            raise InvalidInput("a workspace-scoped engine cannot rotate keys")
+        done, after = 0, 0
+        while True:
+            with self.pool.connection() as conn, conn.transaction():
+                rows = conn.execute(
+                    QUERIES.credentials_to_rotate, {"after_id": after, "limit": batch}
+                ).fetchall()
+                for row in rows:
+                    conn.execute(
+                        QUERIES.store_rotated_credentials,
+                        {
+                            "connection_id": row["id"],
+                            "credentials": self.secrets.rotate(row["credentials"]),
+                        },
+                    )
+            if not rows:
+                return done
+            done += len(rows)
+            after = rows[-1]["id"]
+
     def connections(self, workspace_id: int | None = None) -> list[Connection]:
         rows = self._all(QUERIES.list_connections, workspace_id=self._scope(workspace_id))
         return [Connection.from_row(r) for r in rows]
