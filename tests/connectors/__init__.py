@@ -1,0 +1,1 @@
+"""The reference connectors, against respx mocks shaped like each provider's documentation."""
