@@ -21,11 +21,20 @@ Connection = psycopg.Connection[DictRow]
 Pool = ConnectionPool[Connection]
 
 # Worker sessions never wait forever: a stuck statement or lock fails and is retried.
-SESSION_OPTIONS = {
-    "statement_timeout": "60s",
-    "lock_timeout": "30s",
-    "idle_in_transaction_session_timeout": "300s",
-}
+# Statements that are worth repeating as they are: another transaction won a lock or a race.
+RETRYABLE_SQLSTATES = frozenset(
+    {
+        "40001",  # serialization_failure
+        "40P01",  # deadlock_detected
+        "55P03",  # lock_not_available (lock_timeout)
+    }
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A deadlock, serialization failure or lock timeout: repeat the statement."""
+    return isinstance(exc, psycopg.Error) and exc.sqlstate in RETRYABLE_SQLSTATES
+
 # Half-open TCP connections are noticed within about a minute.
 KEEPALIVES = {
     "keepalives": 1,
@@ -47,8 +56,14 @@ def describe(url: str) -> str:
 
 
 def connection_kwargs(settings: Settings, purpose: str = "") -> dict[str, Any]:
-    options = " ".join(f"-c {k}={v}" for k, v in SESSION_OPTIONS.items())
-    options += f" -c search_path={settings.schema_name}"
+    # A stuck statement or lock fails after a bound instead of freezing a worker.
+    session = {
+        "statement_timeout": f"{int(settings.statement_timeout * 1000)}ms",
+        "lock_timeout": f"{int(settings.lock_timeout * 1000)}ms",
+        "idle_in_transaction_session_timeout": "300s",
+        "search_path": settings.schema_name,
+    }
+    options = " ".join(f"-c {k}={v}" for k, v in session.items())
     # Operators find our sessions in pg_stat_activity by this name.
     app = f"connector-sync/{settings.schema_name}" + (f"/{purpose}" if purpose else "")
     return {"options": options, "application_name": app, **KEEPALIVES}

@@ -18,12 +18,16 @@ from typing import Any
 import orjson
 import psycopg
 from psycopg.types.json import Jsonb
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from connectors.base import Checkpoint, Deleted, Mode, Resync, Table
 from connectors.errors import PermanentError
 from sync.abort import AbortSignal
+from sync.db import is_transient
 from sync.errors import LeaseLost
 from sync.queries import QUERIES
+
+TRANSIENT_RETRIES = 5
 
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
@@ -189,9 +193,18 @@ class RecordWriter:
             raise LeaseLost()
 
     def _one(self, query: Any, **params: Any) -> dict[str, Any]:
-        row: dict[str, Any] | None = self._conn.execute(
-            query, {**self._params(), **params}
-        ).fetchone()
+        # Each statement is its own transaction, so a deadlock or lock timeout is repeated
+        # as it is rather than failing the table.
+        for attempt in Retrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(TRANSIENT_RETRIES),
+            wait=wait_random_exponential(multiplier=0.1, max=2.0),
+            reraise=True,
+        ):
+            with attempt:
+                row: dict[str, Any] | None = self._conn.execute(
+                    query, {**self._params(), **params}
+                ).fetchone()
         if not row or not row["fenced"]:
             raise LeaseLost()
         return row

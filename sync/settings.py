@@ -44,6 +44,8 @@ class Settings(BaseSettings):
     schedule_batch: int = Field(default=100, ge=1)
     sweep_batch: int = Field(default=10000, ge=1)
     pool_size: int = Field(default=4, ge=3)
+    statement_timeout: float = Field(default=60.0, gt=0, description="Seconds per statement.")
+    lock_timeout: float = Field(default=10.0, gt=0, description="Seconds to wait for a lock.")
     max_inline_wait: float = Field(
         default=30.0, ge=0, description="Longest Retry-After slept inside a run; longer requeues."
     )

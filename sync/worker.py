@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 import psycopg
+from psycopg_pool import PoolTimeout
 
 from sync.db import Pool, connect, first_line
 from sync.executor import ClaimedRun, Executor
@@ -35,6 +36,7 @@ from sync.settings import Settings
 log = logging.getLogger("sync.worker")
 
 SWEEP_EVERY = 60.0  # seconds between sweeps of orphaned seen keys
+MAX_BACKOFF = 30.0  # the longest idle wait while the database keeps failing
 
 
 def _version() -> str:
@@ -138,6 +140,7 @@ class Worker:
         self._last_sweep = float("-inf")
         self._current_run_id: int | None = None
         self.stage_failures: dict[str, int] = {}
+        self.database_failures = 0  # consecutive polls in which the database failed
         self.runs_executed = 0
         with pool.connection() as conn:
             check_schema(conn, settings.schema_name)
@@ -154,16 +157,26 @@ class Worker:
         """Run every stage once. True if a run was executed (there may be more waiting)."""
         self._keeper.start()
         executed = False
+        database_down = False
         for name, stage in self._stages:
             try:
                 executed = stage() or executed
             except Exception as exc:
                 self.stage_failures[name] = self.stage_failures.get(name, 0) + 1
-                if isinstance(exc, psycopg.OperationalError):
+                if isinstance(exc, psycopg.OperationalError | PoolTimeout):
+                    database_down = True
                     log.warning("stage %s failed: %s", name, first_line(exc))
                 else:
                     log.exception("stage %s failed", name)
+        self.database_failures = self.database_failures + 1 if database_down else 0
         return executed
+
+    def idle_wait(self) -> float:
+        """How long the loop sleeps after a poll that ran nothing: the poll interval, doubled
+        after each poll the database failed, up to 30 s (woken early by NOTIFY)."""
+        if self.database_failures == 0:
+            return self.settings.poll_interval
+        return min(self.settings.poll_interval * 2**self.database_failures, MAX_BACKOFF)
 
     def run(self, *, once: bool = False, install_signals: bool = True) -> None:
         """Poll until stopped (SIGTERM/SIGINT or ``stop()``). ``once``: a single poll."""
@@ -183,7 +196,7 @@ class Worker:
                     log.error("the LISTEN thread died; restarting it")
                     self._listener.start()
                 if not executed:
-                    self._wake.wait(self.settings.poll_interval)
+                    self._wake.wait(self.idle_wait())
         finally:
             self.close()
 

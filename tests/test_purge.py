@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -102,4 +101,3 @@ def test_purge_waits_behind_a_running_sync_then_runs(engine: Engine, admin: Any)
         (sync.id, purge.id),
     ).fetchone()
     assert row["sync_end"] <= row["purge_start"]
-    time.sleep(0)
