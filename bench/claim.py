@@ -498,7 +498,7 @@ def report(results: list[Result], n: int, repeat: int) -> None:
 def report_round_trips(traces: dict[str, tuple[int, Counter[str]]]) -> None:
     labels: list[str] = []
     for _, counts in traces.values():
-        for label, count in counts.most_common():
+        for label, _count in counts.most_common():
             if label not in labels:
                 labels.append(label)
     rows = []

@@ -23,6 +23,8 @@ from typing import Any
 
 import psycopg
 
+from bench.common import as_uri
+
 
 class Marks:
     """Wall-clock start of the first job and end of the last."""
@@ -101,19 +103,28 @@ async def procrastinate_main(args: argparse.Namespace) -> None:
 # -- pgqueuer -----------------------------------------------------------------------------
 
 
-async def pgqueuer_setup(url: str) -> None:
-    from pgqueuer import PsycopgDriver, Queries
+async def _asyncpg(url: str) -> Any:
+    """PgQueuer's primary driver is asyncpg (its psycopg driver lets a LISTEN wait of up to a
+    second hold the connection that dequeues)."""
+    import asyncpg
 
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await Queries(PsycopgDriver(conn)).install()
+    return await asyncpg.connect(as_uri(url))
+
+
+async def pgqueuer_setup(url: str) -> None:
+    from pgqueuer import AsyncpgDriver, Queries
+
+    conn = await _asyncpg(url)
+    await Queries(AsyncpgDriver(conn)).install()
+    await conn.close()
 
 
 async def pgqueuer_main(args: argparse.Namespace) -> None:
-    from pgqueuer import PsycopgDriver, Queries, QueueManager
+    from pgqueuer import AsyncpgDriver, Queries, QueueManager
     from pgqueuer.domain.types import QueueExecutionMode
 
-    conn = await psycopg.AsyncConnection.connect(args.url, autocommit=True)
-    driver = PsycopgDriver(conn)
+    conn = await _asyncpg(args.url)
+    driver = AsyncpgDriver(conn)
     marks = Marks()
     qm = QueueManager(Queries(driver))
 
@@ -127,7 +138,7 @@ async def pgqueuer_main(args: argparse.Namespace) -> None:
 
     if args.action == "serve":
         print("READY", flush=True)
-        await qm.run(batch_size=1)
+        await qm.run(batch_size=1, dequeue_timeout=timedelta(seconds=args.poll_interval))
         return
     queries = Queries(driver)
     for start in range(0, args.jobs, 1000):
@@ -142,9 +153,23 @@ async def pgqueuer_main(args: argparse.Namespace) -> None:
     marks.report()
 
 
+# -- the bare LISTEN/NOTIFY ceiling -------------------------------------------------------
+
+BARE_CHANNEL = "bench_bare"
+
+
+def bare_serve(url: str) -> None:
+    """LISTEN and print the time each notification arrives: the wake-up no queue can beat."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"LISTEN {BARE_CHANNEL}")
+        print("READY", flush=True)
+        for _ in conn.notifies():
+            _start_mark()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("peer", choices=["procrastinate", "pgqueuer"])
+    parser.add_argument("peer", choices=["procrastinate", "pgqueuer", "bare"])
     parser.add_argument("action", choices=["setup", "drain", "serve"])
     parser.add_argument("--url", required=True)
     parser.add_argument("--jobs", type=int, default=1000)
@@ -153,6 +178,9 @@ def main() -> None:
     parser.add_argument("--poll-interval", type=float, default=5.0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if args.peer == "bare":
+        bare_serve(args.url)
+        return
     if args.action == "setup":
         setup = procrastinate_setup if args.peer == "procrastinate" else pgqueuer_setup
         asyncio.run(setup(args.url))

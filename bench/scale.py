@@ -1,0 +1,300 @@
+"""Claim cost as history grows: the latency of ``claim_run`` with 10 k, 100 k and 1 M finished
+runs in ``connection_runs``, with 10 k queued-but-not-due runs, and right after 100 k runs went
+through the queue with no VACUUM since (their dead index entries still in the claim's index).
+
+    python -m bench.scale [--quick] [--claims N]
+
+History is generated with ``generate_series`` in SQL, not through the API. Each claim is the
+worker's own statement (``QUERIES.claim_run``) in a transaction that is rolled back, so every
+claim sees the same state; the client times the statement. ``claim_run`` is a plpgsql function,
+so its plan is read from auto_explain (``log_nested_statements``, ``log_level = notice``,
+``log_analyze``, ``log_buffers``): the plan of each statement inside it, as it really ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from bench.common import (
+    Column,
+    connect,
+    console,
+    machine_line,
+    median,
+    migrate,
+    percentile,
+    print_table,
+    ratio,
+    scratch_database,
+)
+
+BASE = [
+    "INSERT INTO workspaces (name) SELECT 'ws' || g FROM generate_series(1, 20) g",
+    "INSERT INTO connections (workspace_id, name, provider) "
+    "SELECT 1 + g % 20, 'c' || g, 'bench_noop' FROM generate_series(1, 200) g",
+    # Five runs due now: the claim has something to take.
+    "INSERT INTO connection_runs (connection_id, workspace_id, provider, status) "
+    "SELECT id, workspace_id, provider, 'queued' FROM connections WHERE id <= 5",
+]
+
+# Finished history, spread over 30 days, all statuses.
+HISTORY = """
+INSERT INTO connection_runs (connection_id, workspace_id, provider, status, queued_at,
+                             started_at, finished_at, attempts)
+SELECT 6 + g %% 195, 1 + (6 + g %% 195) %% 20, 'bench_noop',
+       (ARRAY['succeeded', 'failed', 'cancelled', 'partial'])[1 + g %% 4],
+       now() - interval '30 days' + g * interval '1 second' / 40,
+       now() - interval '30 days' + g * interval '1 second' / 40,
+       now() - interval '30 days' + g * interval '1 second' / 40 + interval '5 seconds', 1
+  FROM generate_series(1, %(count)s) g
+"""
+
+# Runs queued for later (a retry's backoff, a schedule far ahead): in the claim's partial
+# index, but not due. One per connection (the unique index allows no more), so 10 k connections.
+NOT_DUE = [
+    "INSERT INTO connections (workspace_id, name, provider) "
+    "SELECT 1 + g %% 20, 'later' || g, 'bench_noop' FROM generate_series(1, %(count)s) g",
+    "INSERT INTO connection_runs (connection_id, workspace_id, provider, status, queued_at) "
+    "SELECT id, workspace_id, provider, 'queued', now() + interval '1 hour' + id * interval '1 ms' "
+    "FROM connections WHERE name LIKE 'later%%'",
+]
+NOT_DUE_UNDO = [
+    "DELETE FROM connection_runs WHERE connection_id IN "
+    "(SELECT id FROM connections WHERE name LIKE 'later%%')",
+    "DELETE FROM connections WHERE name LIKE 'later%%'",
+]
+
+# Runs that went through the queue (inserted queued, then finished) with no VACUUM since: the
+# old versions' entries are still in the claim's partial index. connection_id is NULL (the
+# connection was deleted), which the one-active-run index allows any number of times.
+CHURN = [
+    "ALTER TABLE connection_runs SET (autovacuum_enabled = off)",
+    "INSERT INTO connection_runs (connection_id, workspace_id, provider, status, queued_at) "
+    "SELECT NULL, 1 + g %% 20, 'bench_noop', 'queued', "
+    "       now() - interval '2 days' + g * interval '1 ms' "
+    "  FROM generate_series(1, %(count)s) g",
+    "UPDATE connection_runs SET status = 'succeeded', finished_at = now() "
+    "WHERE connection_id IS NULL AND status = 'queued'",
+]
+
+
+def exec_all(conn: psycopg.Connection[Any], statements: list[str], **params: Any) -> None:
+    for statement in statements:
+        conn.execute(statement, params or None)
+
+
+def claim_latencies(url: str, claims: int) -> list[float]:
+    from sync.queries import QUERIES
+
+    params = {"worker_id": "bench-scale", "lease": timedelta(seconds=120)}
+    timings = []
+    with connect(url) as conn:
+        for _ in range(claims):
+            with conn.transaction(force_rollback=True):
+                start = time.perf_counter()
+                row = conn.execute(QUERIES.claim_run, params).fetchone()
+                timings.append(1000 * (time.perf_counter() - start))
+                if row is None:
+                    raise RuntimeError("the claim found nothing to claim")
+    return timings
+
+
+def claim_plans(url: str) -> list[dict[str, Any]]:
+    """The plans of the statements inside one claim, from auto_explain."""
+    from sync.queries import QUERIES
+
+    notices: list[str] = []
+    with connect(url) as conn:
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+        for setting in (
+            "LOAD 'auto_explain'",
+            "SET auto_explain.log_min_duration = 0",
+            "SET auto_explain.log_nested_statements = on",
+            "SET auto_explain.log_format = json",
+            "SET auto_explain.log_analyze = on",
+            "SET auto_explain.log_buffers = on",
+            "SET auto_explain.log_timing = on",
+            "SET auto_explain.log_level = notice",
+        ):
+            conn.execute(setting)
+        # A first claim compiles the plpgsql function and warms the catalog caches; explain
+        # the second, as a worker's claims are.
+        for _ in range(2):
+            notices.clear()
+            with conn.transaction(force_rollback=True):
+                conn.execute(
+                    QUERIES.claim_run,
+                    {"worker_id": "bench-scale", "lease": timedelta(seconds=120)},
+                ).fetchone()
+    return [json.loads(m[m.index("{") :]) for m in notices if "{" in m]
+
+
+def render(plan: dict[str, Any], depth: int = 0) -> list[str]:
+    """A compact EXPLAIN (ANALYZE, BUFFERS) tree."""
+    what = plan["Node Type"]
+    if plan.get("Index Name"):
+        what += f" using {plan['Index Name']}"
+    if plan.get("Relation Name"):
+        what += f" on {plan['Relation Name']}"
+    if plan.get("Alias") and plan.get("Alias") != plan.get("Relation Name"):
+        what += f" {plan['Alias']}"
+    facts = [
+        f"rows={plan.get('Actual Rows', '?')} loops={plan.get('Actual Loops', '?')}",
+        f"time={plan.get('Actual Total Time', 0):.3f} ms",
+        f"buffers hit={plan.get('Shared Hit Blocks', 0)} read={plan.get('Shared Read Blocks', 0)}",
+    ]
+    for key in ("Rows Removed by Filter", "Rows Removed by Index Recheck", "Heap Fetches"):
+        if plan.get(key):
+            facts.append(f"{key.lower()}={plan[key]}")
+    lines = [f"{'  ' * depth}-> {what}  ({', '.join(facts)})"]
+    for key in ("Index Cond", "Filter"):
+        if plan.get(key):
+            lines.append(f"{'  ' * depth}     {key}: {plan[key][:110]}")
+    for child in plan.get("Plans", []):
+        lines.extend(render(child, depth + 1))
+    return lines
+
+
+def describe_plans(plans: list[dict[str, Any]]) -> tuple[list[str], int]:
+    """The candidate query's full tree, a line for every other statement, and the total of
+    shared buffers the whole claim touched."""
+    lines: list[str] = []
+    total_buffers = 0
+    for item in plans:
+        text = " ".join(item["Query Text"].split())
+        plan = item["Plan"]
+        buffers = plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)
+        if text.startswith("SELECT r.*, c.name"):
+            # The outer statement: its buffers include everything the function did.
+            total_buffers = buffers
+            lines.append("outer statement (claim_run() joined to its connection):")
+            lines.extend(render(plan, 1))
+            continue
+        if "SKIP LOCKED" in text:
+            lines.append("candidate query (SELECT ... FOR NO KEY UPDATE OF r, w SKIP LOCKED):")
+            lines.extend(render(plan, 1))
+        else:
+            lines.append(
+                f"{text[:70]}...: {plan.get('Actual Total Time', 0):.3f} ms, {buffers} buffers"
+            )
+    return lines, total_buffers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="10 k and 100 k only")
+    parser.add_argument("--claims", type=int, help="timed claims per size (default 300)")
+    args = parser.parse_args()
+    claims = args.claims or (50 if args.quick else 300)
+    sizes = (10_000, 100_000) if args.quick else (10_000, 100_000, 1_000_000)
+    rows: list[list[Any]] = []
+    plans_out: list[tuple[str, list[str]]] = []
+
+    with scratch_database("scale") as url:
+        console.print(f"[bold]bench.scale[/bold]: {claims} claims per size")
+        console.print(machine_line(url))
+        migrate(url)
+        with connect(url) as conn:
+            exec_all(conn, BASE)
+        have = 0
+        reference = float("nan")
+
+        def measure(label: str, finished: int) -> None:
+            nonlocal reference
+            with connect(url) as conn:
+                conn.execute("VACUUM ANALYZE connection_runs")
+            timings = claim_latencies(url, claims)
+            p50 = median(timings)
+            if reference != reference:
+                reference = p50
+            lines, buffers = describe_plans(claim_plans(url))
+            rows.append(
+                [
+                    label,
+                    f"{finished:,}",
+                    f"{p50:.3f}",
+                    f"{percentile(timings, 95):.3f}",
+                    buffers,
+                    ratio(p50, reference),
+                ]
+            )
+            plans_out.append((label, lines))
+            console.print(f"  {label:45} p50 {p50:.3f} ms, {buffers} buffers")
+
+        for size in sizes:
+            with connect(url) as conn:
+                conn.execute(HISTORY, {"count": size - have})
+            have = size
+            measure(f"{size:,} finished runs", have)
+            if size == sizes[0]:
+                with connect(url) as conn:
+                    exec_all(conn, NOT_DUE, count=10_000)
+                measure(f"{size:,} finished + 10,000 queued, not due", have)
+                # An experiment on this scratch database, not an engine change: the outer join
+                # of claim_run() to connections is planned for the 1000 rows a set-returning
+                # function is assumed to return; declaring ROWS 1 makes it an index lookup.
+                with connect(url) as conn:
+                    conn.execute("ALTER FUNCTION claim_run(text, interval) ROWS 1")
+                measure("  the same, claim_run() declared ROWS 1 (proposed)", have)
+                with connect(url) as conn:
+                    conn.execute("ALTER FUNCTION claim_run(text, interval) ROWS 1000")
+                with connect(url) as conn:
+                    exec_all(conn, NOT_DUE_UNDO)
+
+        # Churn without VACUUM: measured without the VACUUM the other sizes get.
+        churn = 100_000
+        with connect(url) as conn:
+            exec_all(conn, CHURN, count=churn)
+            conn.execute("ANALYZE connection_runs")
+        lines, first_buffers = describe_plans(claim_plans(url))
+        plans_out.append((f"first claim after {churn:,} runs finished, no VACUUM since", lines))
+        timings = claim_latencies(url, claims)
+        rows.append(
+            [
+                f"+{churn:,} runs queued then finished, no VACUUM (first claim)",
+                f"{have + churn:,}",
+                "-",
+                "-",
+                first_buffers,
+                "",
+            ]
+        )
+        lines, buffers = describe_plans(claim_plans(url))
+        rows.append(
+            [
+                "  the claims after it",
+                f"{have + churn:,}",
+                f"{median(timings):.3f}",
+                f"{percentile(timings, 95):.3f}",
+                buffers,
+                ratio(median(timings), reference),
+            ]
+        )
+        plans_out.append(("the claims after it", lines))
+
+    for label, lines in plans_out:
+        console.print(f"\n[bold]claim plan: {label}[/bold]")
+        for line in lines:
+            console.print(line, markup=False, highlight=False)
+    print_table(
+        f"claim_run latency as history grows ({claims} claims each, rolled back)",
+        [
+            Column("history", "left"),
+            "runs in table",
+            "p50 ms",
+            "p95 ms",
+            "buffers/claim",
+            "p50 x 10 k",
+        ],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
