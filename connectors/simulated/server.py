@@ -1,0 +1,639 @@
+"""The simulated provider: a small HTTP server on 127.0.0.1 that behaves like a SaaS API worth
+syncing. It pages, answers some requests with 429 + Retry-After or 503, refuses a wrong token
+with 401, and its data changes between syncs: each call to :meth:`Tenant.advance` (or
+``POST /_control/tenants/NAME/advance``) moves a tenant to its next *generation*, adding, updating
+and deleting a seeded, reproducible set of rows.
+
+Each tenant (one customer account) has two APIs:
+
+- a project tracker (provider ``simulated``): ``/tracker/TENANT/projects`` and ``.../issues``,
+  paged by ``page``/``per_page`` with an RFC 8288 ``Link: <...>; rel="next"`` header;
+- a CRM (provider ``simulated_crm``): ``/crm/TENANT/contacts``, paged by an opaque ``cursor``
+  returned as ``next_cursor`` in the body, and ``/crm/TENANT/deals/changes?since=GENERATION``, an
+  incremental feed of changed rows and deletions.
+
+Start it in-process with :func:`start_server` (tests, the demo) or from a shell with
+``python -m connectors.simulated.server``. The full API is in docs/simulated-provider.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+TRACKER_TABLES = ("projects", "issues")
+CRM_TABLES = ("contacts", "deals")
+MAX_PAGE_SIZE = 500
+FAULTS = ("ok", "429", "503", "401")
+
+_STAGES = ("lead", "qualified", "proposal", "won", "lost")
+_STATES = ("open", "in_progress", "review", "closed")
+_PEOPLE = ("ada", "grace", "linus", "barbara", "ken", "margaret", "dennis", "radia")
+
+
+@dataclass
+class Faults:
+    """What the next data requests of a tenant get instead of data.
+
+    ``script`` is consumed one entry per data request (``"429"``, ``"503"``, ``"401"`` or
+    ``"ok"``); once it is empty, every ``rate_limit_every``-th request gets a 429 and every
+    ``unavailable_every``-th a 503 (counting all data requests of the tenant)."""
+
+    script: deque[str] = field(default_factory=deque)
+    rate_limit_every: int | None = None
+    unavailable_every: int | None = None
+    retry_after: float = 2.0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "script": list(self.script),
+            "rate_limit_every": self.rate_limit_every,
+            "unavailable_every": self.unavailable_every,
+            "retry_after": self.retry_after,
+        }
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    pages: int = 0
+    rate_limited: int = 0
+    unavailable: int = 0
+    unauthorized: int = 0
+    not_found: int = 0
+
+    def describe(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class _Table:
+    """One table of a tenant: rows by id, the generation each row last changed in, and the
+    generation each deleted id disappeared in (for the incremental feed)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, dict[str, Any]] = {}
+        self.changed_in: dict[int, int] = {}
+        self.deleted_in: dict[int, int] = {}
+        self.next_id = 1
+
+    def live(self) -> list[dict[str, Any]]:
+        return [self.rows[i] for i in sorted(self.rows)]
+
+
+class Tenant:
+    """One customer account of the simulated provider. Thread-safe: the server's request
+    threads and the caller share it under the simulation's lock."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        token: str,
+        size: int,
+        seed: int,
+        page_delay: float,
+        lock: threading.RLock,
+    ) -> None:
+        self.name = name
+        self.token = token
+        self.size = size
+        self.seed = seed
+        self.page_delay = page_delay
+        self.generation = 0
+        self.faults = Faults()
+        self.stats = Stats()
+        self._lock = lock
+        self._tables: dict[str, _Table] = {t: _Table() for t in (*TRACKER_TABLES, *CRM_TABLES)}
+        counts = {
+            "projects": max(2, size // 10),
+            "issues": size,
+            "contacts": size,
+            "deals": max(2, size // 2),
+        }
+        for table, count in counts.items():
+            rng = self._rng(table)
+            for _ in range(count):
+                self._insert(table, rng)
+
+    # -- changing the data -----------------------------------------------------------------
+
+    def advance(self) -> dict[str, dict[str, list[int]]]:
+        """Move to the next generation: in every table about a tenth of the rows (at least one
+        each) is deleted, as many are updated and as many added. Returns the ids touched, by
+        table and change. The same seed always makes the same changes."""
+        with self._lock:
+            self.generation += 1
+            summary: dict[str, dict[str, list[int]]] = {}
+            for table, data in self._tables.items():
+                rng = self._rng(table)
+                ids = sorted(data.rows)
+                n = max(1, len(ids) // 10)
+                doomed = sorted(rng.sample(ids, min(n, max(len(ids) - 1, 0))))
+                for i in doomed:
+                    del data.rows[i]
+                    data.changed_in.pop(i, None)
+                    data.deleted_in[i] = self.generation
+                remaining = sorted(data.rows)
+                touched = sorted(rng.sample(remaining, min(n, len(remaining))))
+                for i in touched:
+                    self._update(table, data.rows[i], rng)
+                    data.changed_in[i] = self.generation
+                added = [self._insert(table, rng) for _ in range(n)]
+                summary[table] = {"added": added, "updated": touched, "deleted": doomed}
+            return summary
+
+    def script_faults(self, *faults: str) -> None:
+        """Answer the next data requests with these, in order (``"429"``, ``"503"``, ...)."""
+        for fault in faults:
+            if fault not in FAULTS:
+                raise ValueError(f"unknown fault {fault!r}; use one of {', '.join(FAULTS)}")
+        with self._lock:
+            self.faults.script.extend(faults)
+
+    def configure(
+        self,
+        *,
+        rate_limit_every: int | None = None,
+        unavailable_every: int | None = None,
+        retry_after: float | None = None,
+        page_delay: float | None = None,
+    ) -> None:
+        """Set the periodic faults (None: none), and optionally the Retry-After and delay."""
+        with self._lock:
+            self.faults.rate_limit_every = rate_limit_every
+            self.faults.unavailable_every = unavailable_every
+            if retry_after is not None:
+                self.faults.retry_after = retry_after
+            if page_delay is not None:
+                self.page_delay = page_delay
+
+    def rows(self, table: str) -> list[dict[str, Any]]:
+        """The live rows of a table, as the API serves them."""
+        with self._lock:
+            return [dict(r) for r in self._tables[table].live()]
+
+    def describe(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "name": self.name,
+                "generation": self.generation,
+                "size": self.size,
+                "seed": self.seed,
+                "page_delay": self.page_delay,
+                "rows": {t: len(d.rows) for t, d in self._tables.items()},
+                "faults": self.faults.describe(),
+                "stats": self.stats.describe(),
+            }
+
+    # -- serving ---------------------------------------------------------------------------
+
+    def fault_for_next_request(self) -> str:
+        """Counts a data request and says what it gets (``"ok"`` or a fault)."""
+        with self._lock:
+            self.stats.requests += 1
+            n = self.stats.requests
+            if self.faults.script:
+                fault = self.faults.script.popleft()
+            elif self.faults.rate_limit_every and n % self.faults.rate_limit_every == 0:
+                fault = "429"
+            elif self.faults.unavailable_every and n % self.faults.unavailable_every == 0:
+                fault = "503"
+            else:
+                fault = "ok"
+            if fault == "429":
+                self.stats.rate_limited += 1
+            elif fault == "503":
+                self.stats.unavailable += 1
+            elif fault == "401":
+                self.stats.unauthorized += 1
+            return fault
+
+    def page(self, table: str, offset: int, limit: int) -> tuple[list[dict[str, Any]], bool]:
+        """Rows [offset, offset + limit) of a table and whether more follow."""
+        with self._lock:
+            self.stats.pages += 1
+            rows = self._tables[table].live()
+            return [dict(r) for r in rows[offset : offset + limit]], offset + limit < len(rows)
+
+    def changes(
+        self, table: str, since: int | None, offset: int, limit: int
+    ) -> tuple[list[dict[str, Any]], bool, int]:
+        """The incremental feed: rows changed after generation ``since`` and ``{"id": ...,
+        "deleted": true}`` for rows deleted after it (every live row when ``since`` is None).
+        Returns a page of it, whether more follow, and the current generation."""
+        with self._lock:
+            self.stats.pages += 1
+            data = self._tables[table]
+            if since is None:
+                feed = data.live()
+            else:
+                entries: list[tuple[int, dict[str, Any]]] = [
+                    (i, data.rows[i]) for i, gen in data.changed_in.items() if gen > since
+                ]
+                entries += [
+                    (i, {"id": i, "deleted": True})
+                    for i, gen in data.deleted_in.items()
+                    if gen > since
+                ]
+                feed = [row for _, row in sorted(entries, key=lambda e: e[0])]
+            chunk = [dict(r) for r in feed[offset : offset + limit]]
+            return chunk, offset + limit < len(feed), self.generation
+
+    # -- rows ------------------------------------------------------------------------------
+
+    def _rng(self, table: str) -> random.Random:
+        return random.Random(f"{self.seed}:{self.name}:{table}:{self.generation}")
+
+    def _insert(self, table: str, rng: random.Random) -> int:
+        data = self._tables[table]
+        row_id = data.next_id
+        data.next_id += 1
+        row: dict[str, Any] = {"id": row_id}
+        if table == "projects":
+            row |= {"key": f"P{row_id}", "name": f"Project {row_id}", "lead": rng.choice(_PEOPLE)}
+        elif table == "issues":
+            projects = sorted(self._tables["projects"].rows) or [1]
+            row |= {
+                "project_id": rng.choice(projects),
+                "title": f"Issue {row_id}",
+                "state": rng.choice(_STATES),
+                "assignee": rng.choice(_PEOPLE),
+            }
+        elif table == "contacts":
+            person = rng.choice(_PEOPLE)
+            row |= {
+                "name": f"{person.title()} {row_id}",
+                "email": f"{person}{row_id}@{self.name}.example",
+            }
+        else:
+            contacts = sorted(self._tables["contacts"].rows) or [1]
+            row |= {
+                "contact_id": rng.choice(contacts),
+                "stage": rng.choice(_STAGES),
+                "amount": rng.randrange(1_000, 100_000, 100),
+            }
+        row["version"] = 1
+        data.rows[row_id] = row
+        data.changed_in[row_id] = self.generation
+        return row_id
+
+    def _update(self, table: str, row: dict[str, Any], rng: random.Random) -> None:
+        row["version"] += 1
+        if table == "projects":
+            row["lead"] = rng.choice(_PEOPLE)
+        elif table == "issues":
+            row["state"] = rng.choice(_STATES)
+        elif table == "contacts":
+            row["name"] = f"{rng.choice(_PEOPLE).title()} {row['id']}"
+        else:
+            row["stage"] = rng.choice(_STAGES)
+            row["amount"] = rng.randrange(1_000, 100_000, 100)
+
+
+class Simulation:
+    """The simulated provider's state: its tenants. One simulation can be served by one
+    server; tests and the demo keep a reference to change it while connectors read it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._tenants: dict[str, Tenant] = {}
+
+    def add_tenant(
+        self,
+        name: str,
+        *,
+        token: str | None = None,
+        size: int = 100,
+        seed: int = 1,
+        page_delay: float = 0.0,
+    ) -> Tenant:
+        """Create (or replace) a tenant; its bearer token defaults to ``sim-NAME``."""
+        if not name or "/" in name:
+            raise ValueError("a tenant name is a non-empty path segment")
+        tenant = Tenant(
+            name,
+            token=token or f"sim-{name}",
+            size=size,
+            seed=seed,
+            page_delay=page_delay,
+            lock=self._lock,
+        )
+        with self._lock:
+            self._tenants[name] = tenant
+        return tenant
+
+    def tenant(self, name: str) -> Tenant:
+        with self._lock:
+            return self._tenants[name]
+
+    def get(self, name: str) -> Tenant | None:
+        with self._lock:
+            return self._tenants.get(name)
+
+    def tenants(self) -> list[Tenant]:
+        with self._lock:
+            return list(self._tenants.values())
+
+
+def default_simulation() -> Simulation:
+    """Two tenants, ``acme`` and ``globex``, for a server started with no arguments."""
+    simulation = Simulation()
+    simulation.add_tenant("acme", size=120, seed=1)
+    simulation.add_tenant("globex", size=60, seed=2)
+    return simulation
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+def _int_param(query: dict[str, list[str]], name: str, default: int | None) -> int | None:
+    values = query.get(name)
+    if not values:
+        return default
+    try:
+        return int(values[-1])
+    except ValueError:
+        raise _HTTPError(400, f"query parameter {name!r} must be an integer") from None
+
+
+def _page_size(query: dict[str, list[str]], name: str) -> int:
+    size = _int_param(query, name, 25)
+    assert size is not None
+    if not 1 <= size <= MAX_PAGE_SIZE:
+        raise _HTTPError(400, f"{name} must be between 1 and {MAX_PAGE_SIZE}")
+    return size
+
+
+def _encode_cursor(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"o:{offset}".encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str | None) -> int:
+    if not cursor:
+        return 0
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        kind, _, value = text.partition(":")
+        if kind != "o":
+            raise ValueError(text)
+        return int(value)
+    except ValueError:
+        raise _HTTPError(400, "the cursor is not one this API returned") from None
+
+
+def _format_seconds(seconds: float) -> str:
+    return str(int(seconds)) if float(seconds).is_integer() else f"{seconds:g}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "simulated-provider/1"
+    simulation: Simulation  # set on the subclass made per server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the demo and the tests read the tenants' stats instead."""
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def _dispatch(self, method: str) -> None:
+        parts = urlsplit(self.path)
+        segments = [s for s in parts.path.split("/") if s]
+        query = parse_qs(parts.query)
+        try:
+            if segments[:1] == ["_control"]:
+                status, body, headers = self._control(method, segments[1:])
+            elif method == "GET" and segments[:1] in (["tracker"], ["crm"]):
+                status, body, headers = self._data(segments, query)
+            else:
+                raise _HTTPError(404, f"no such endpoint: {method} {parts.path}")
+        except _HTTPError as exc:
+            status, body, headers = exc.status, {"error": exc.message}, exc.headers
+        self._send(status, body, headers)
+
+    def _send(self, status: int, body: Any, headers: Mapping[str, str]) -> None:
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(payload)
+
+    # -- the provider's APIs ---------------------------------------------------------------
+
+    def _data(
+        self, segments: list[str], query: dict[str, list[str]]
+    ) -> tuple[int, Any, dict[str, str]]:
+        api, tenant_name, rest = segments[0], segments[1] if len(segments) > 1 else "", segments[2:]
+        tenant = self.simulation.get(tenant_name)
+        if tenant is None:
+            raise _HTTPError(404, f"no tenant {tenant_name!r}")
+        if self.headers.get("Authorization") != f"Bearer {tenant.token}":
+            with tenant._lock:
+                tenant.stats.unauthorized += 1
+            raise _HTTPError(401, "missing or wrong bearer token")
+        route = "/".join(rest)
+        known = TRACKER_TABLES if api == "tracker" else ("contacts", "deals/changes")
+        if route not in known:
+            with tenant._lock:
+                tenant.stats.not_found += 1
+            raise _HTTPError(404, f"no such endpoint: /{api}/{tenant_name}/{route}")
+        fault = tenant.fault_for_next_request()
+        if fault == "429":
+            raise _HTTPError(
+                429,
+                "rate limit exceeded",
+                {"Retry-After": _format_seconds(tenant.faults.retry_after)},
+            )
+        if fault == "503":
+            raise _HTTPError(503, "service unavailable, try again")
+        if fault == "401":
+            raise _HTTPError(401, "the token was revoked")
+        if tenant.page_delay:
+            time.sleep(tenant.page_delay)
+        if api == "tracker":
+            return self._tracker_page(tenant, route, query)
+        cursor = query.get("cursor")
+        if route == "contacts":
+            size = _page_size(query, "limit")
+            offset = _decode_cursor(cursor[-1] if cursor else None)
+            rows, more = tenant.page("contacts", offset, size)
+            next_cursor = _encode_cursor(offset + size) if more else None
+            return 200, {"data": rows, "next_cursor": next_cursor}, {}
+        size = _page_size(query, "limit")
+        offset = _decode_cursor(cursor[-1] if cursor else None)
+        since = _int_param(query, "since", None)
+        rows, more, generation = tenant.changes("deals", since, offset, size)
+        next_cursor = _encode_cursor(offset + size) if more else None
+        return 200, {"data": rows, "next_cursor": next_cursor, "generation": generation}, {}
+
+    def _tracker_page(
+        self, tenant: Tenant, table: str, query: dict[str, list[str]]
+    ) -> tuple[int, Any, dict[str, str]]:
+        size = _page_size(query, "per_page")
+        page = _int_param(query, "page", 1)
+        assert page is not None
+        if page < 1:
+            raise _HTTPError(400, "page starts at 1")
+        rows, more = tenant.page(table, (page - 1) * size, size)
+        headers = {}
+        if more:
+            host = self.headers.get("Host") or "127.0.0.1"
+            params = urlencode({"page": page + 1, "per_page": size})
+            headers["Link"] = f'<http://{host}/tracker/{tenant.name}/{table}?{params}>; rel="next"'
+        return 200, rows, headers
+
+    # -- control ---------------------------------------------------------------------------
+
+    def _control(self, method: str, segments: list[str]) -> tuple[int, Any, dict[str, str]]:
+        if segments == ["tenants"] and method == "GET":
+            return 200, {"tenants": [t.describe() for t in self.simulation.tenants()]}, {}
+        if len(segments) < 2 or segments[0] != "tenants":
+            raise _HTTPError(404, "control endpoints live under /_control/tenants")
+        name, action = segments[1], segments[2:]
+        if method == "PUT" and not action:
+            body = self._json_body()
+            try:
+                tenant = self.simulation.add_tenant(
+                    name,
+                    token=body.get("token"),
+                    size=int(body.get("size", 100)),
+                    seed=int(body.get("seed", 1)),
+                    page_delay=float(body.get("page_delay", 0.0)),
+                )
+            except (TypeError, ValueError) as exc:
+                raise _HTTPError(400, str(exc)) from None
+            return 201, tenant.describe(), {}
+        found = self.simulation.get(name)
+        if found is None:
+            raise _HTTPError(404, f"no tenant {name!r}")
+        tenant = found
+        if method == "GET" and not action:
+            return 200, tenant.describe(), {}
+        if method == "POST" and action == ["advance"]:
+            return 200, {"generation": tenant.generation + 1, "changes": tenant.advance()}, {}
+        if method == "PATCH" and not action:
+            body = self._json_body()
+            try:
+                if "script" in body:
+                    tenant.script_faults(*[str(f) for f in body["script"]])
+                tenant.configure(
+                    rate_limit_every=body.get("rate_limit_every"),
+                    unavailable_every=body.get("unavailable_every"),
+                    retry_after=body.get("retry_after"),
+                    page_delay=body.get("page_delay"),
+                )
+            except (TypeError, ValueError) as exc:
+                raise _HTTPError(400, str(exc)) from None
+            return 200, tenant.describe(), {}
+        raise _HTTPError(404, f"no such control endpoint: {method} /{'/'.join(segments)}")
+
+    def _json_body(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b"{}"
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            raise _HTTPError(400, "the body is not JSON") from None
+        if not isinstance(body, dict):
+            raise _HTTPError(400, "the body must be a JSON object")
+        return body
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def start_server(
+    simulation: Simulation | None = None, *, host: str = "127.0.0.1", port: int = 0
+) -> tuple[str, Callable[[], None]]:
+    """Serve ``simulation`` (by default :func:`default_simulation`) on ``host``, on a free port
+    unless one is given, from a background thread. Returns the base URL and a function that
+    stops the server."""
+    simulation = simulation or default_simulation()
+    handler = type("Handler", (_Handler,), {"simulation": simulation})
+    server = _Server((host, port), handler)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+    )
+    thread.name = "simulated-provider"
+    thread.start()
+    bound_host, bound_port = str(server.server_address[0]), int(server.server_address[1])
+    stopped = threading.Event()
+
+    def stop() -> None:
+        if stopped.is_set():
+            return
+        stopped.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    return f"http://{bound_host}:{bound_port}", stop
+
+
+def _main(argv: Iterable[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m connectors.simulated.server",
+        description="Run the simulated provider until interrupted (docs/simulated-provider.md).",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    parser.add_argument(
+        "--tenant",
+        action="append",
+        metavar="NAME",
+        help="a tenant to create (repeatable; default: acme and globex)",
+    )
+    parser.add_argument("--size", type=int, default=100, help="rows per tenant's main tables")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--page-delay", type=float, default=0.0, help="seconds per page")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.tenant:
+        simulation = Simulation()
+        for name in args.tenant:
+            simulation.add_tenant(name, size=args.size, seed=args.seed, page_delay=args.page_delay)
+    else:
+        simulation = default_simulation()
+    url, stop = start_server(simulation, host=args.host, port=args.port)
+    print(f"simulated provider at {url}")
+    for tenant in simulation.tenants():
+        print(f"  tenant {tenant.name}: bearer token {tenant.token!r}")
+    print("control API: GET /_control/tenants; stop with Ctrl-C")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop()
+
+
+if __name__ == "__main__":
+    _main()
