@@ -242,7 +242,7 @@ class HttpClient:
                         )
                     if time.monotonic() > deadline:
                         raise _Transient(
-                            f"{where}: the body took over {self._total_timeout:.0f} s to arrive"
+                            f"{where}: the body took over {self._total_timeout:g} s to arrive"
                         )
             finally:
                 response.close()
