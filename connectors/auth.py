@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import httpx
+from authlib.integrations.base_client.errors import OAuthError
 from authlib.oauth2.rfc6749.errors import OAuth2Error
 
 with warnings.catch_warnings():
@@ -134,7 +135,9 @@ class OAuth2(Auth):
                     token = client.refresh_token(
                         self._token_url, refresh_token=current["refresh_token"]
                     )
-        except OAuth2Error as exc:
+        except (OAuth2Error, OAuthError) as exc:
+            # authlib's httpx client raises OAuthError (not an OAuth2Error) for an error answer
+            # such as {"error": "invalid_grant"}: either way the grant was refused.
             raise AuthError(
                 f"the token endpoint refused the credentials ({exc.error}); authorize again"
             ) from None
