@@ -162,7 +162,7 @@ def run_ours(url: str, wal: Wal, connection_id: int, size: int, phase: dataset.P
         size,
         "connector-sync",
         phase.name,
-        float(seconds),
+        float(seconds or 0),
         in_db,
         total,
         out["maxrss_kb"],
