@@ -1,0 +1,88 @@
+"""The embedded default: with DATABASE_URL unset, commands start (or reuse) a Postgres under
+$CONNECTOR_SYNC_HOME, migrate it on first use and say so; two processes racing to start it
+both succeed on the same server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(sys.executable).parent / "connector-sync"
+
+
+def _stop_embedded(home: Path) -> None:
+    pid_file = home / "pgdata" / "postmaster.pid"
+    if not pid_file.exists():
+        return
+    pid = int(pid_file.read_text().splitlines()[0])
+    os.kill(pid, signal.SIGINT)  # fast shutdown
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def home(tmp_path: Path):  # type: ignore[no-untyped-def]
+    home = tmp_path / "home"
+    yield home
+    _stop_embedded(home)
+
+
+def test_first_use_by_two_processes_at_once(home: Path, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL",)}
+    env.pop("CONNECTOR_SYNC_SCHEMA", None)
+    env["CONNECTOR_SYNC_HOME"] = str(home)
+    racers = [
+        subprocess.Popen(
+            [str(SCRIPT), "workspaces", "list", "--json"],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outcomes = [(p.wait(timeout=180), *p.communicate()) for p in racers]
+    for code, out, err in outcomes:
+        assert code == 0, err
+        assert json.loads(out) == []
+        assert f"database: embedded Postgres under {home.resolve() / 'pgdata'}" in err
+    # Exactly one of them applied the migrations; the other found them applied.
+    assert sum("migrated just now" in err for _, _, err in outcomes) == 1
+
+    # The next command reuses the running server.
+    again = subprocess.run(
+        [str(SCRIPT), "workspaces", "create", "w", "--json"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["name"] == "w"
+    assert "migrated just now" not in again.stderr
+
+
+def test_a_home_that_cannot_be_created_is_one_line(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env["CONNECTOR_SYNC_HOME"] = str(blocker / "home")
+    result = subprocess.run(
+        [str(SCRIPT), "workspaces", "list"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "CONNECTOR_SYNC_HOME" in lines[0], result.stderr
