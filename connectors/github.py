@@ -32,6 +32,9 @@ from connectors.paging import link_header_pages
 
 API_VERSION = "2022-11-28"
 PER_PAGE = 100
+# Oldest first: an item created while we page lands on the last page instead of pushing every
+# item one place down (newest first), where the boundary item would be read twice.
+LIST_PARAMS = {"state": "all", "per_page": PER_PAGE, "sort": "created", "direction": "asc"}
 # GitHub: a secondary limit with neither retry-after nor a spent primary budget means "wait at
 # least one minute before retrying".
 SECONDARY_LIMIT_WAIT = 60.0
@@ -119,9 +122,7 @@ class GitHubConnector(Connector):
         path = {"issues": "issues", "pull_requests": "pulls"}[table.name]
         for repo in self.config.repos:
             url = f"/repos/{self.config.owner}/{repo}/{path}"
-            for response in link_header_pages(
-                self._http, url, params={"state": "all", "per_page": PER_PAGE}
-            ):
+            for response in link_header_pages(self._http, url, params=LIST_PARAMS):
                 page = self._http.json_of(response)
                 if not isinstance(page, list):
                     raise PermanentError(

@@ -30,8 +30,9 @@ ISSUES = f"{BASE}/repos/octocat/Hello-World/issues"
 PULLS = f"{BASE}/repos/octocat/Hello-World/pulls"
 # GitHub's Link header names the repository by id, not by owner/name.
 ISSUES_BY_ID = f"{BASE}/repositories/1296269/issues"
-PAGE_2 = f"{ISSUES_BY_ID}?state=all&per_page=100&page=2"
-PAGE_1 = f"{ISSUES_BY_ID}?state=all&per_page=100&page=1"
+PAGE_2 = f"{ISSUES_BY_ID}?state=all&per_page=100&sort=created&direction=asc&page=2"
+PAGE_1 = f"{ISSUES_BY_ID}?state=all&per_page=100&sort=created&direction=asc&page=1"
+LISTED = {"state": "all", "per_page": "100", "sort": "created", "direction": "asc"}
 TOKEN = "ghp_16C7e42F292c6912E7710c838347Ae178B4a"
 CONFIG = {"owner": "octocat", "repos": ["Hello-World"]}
 
@@ -83,11 +84,9 @@ def connect(engine: Engine, name: str = "gh", token: str = TOKEN, **config: Any)
 def test_first_sync_then_updates_deletions_and_additions(
     sync_engine: Engine, respx_mock: respx.MockRouter
 ) -> None:
-    issues = respx_mock.get(ISSUES, params={"state": "all", "per_page": "100"}).mock(
-        return_value=first_page()
-    )
+    issues = respx_mock.get(ISSUES, params=LISTED).mock(return_value=first_page())
     issues_2 = respx_mock.get(ISSUES_BY_ID, params={"page": "2"}).mock(return_value=last_page())
-    pulls = respx_mock.get(PULLS, params={"state": "all", "per_page": "100"}).mock(
+    pulls = respx_mock.get(PULLS, params=LISTED).mock(
         return_value=github(fixture("github", "pulls.json"))
     )
     conn_id = connect(sync_engine)

@@ -186,13 +186,14 @@ def test_a_long_retry_after_requeues_the_run_at_that_time(
     assert saved_cursor(sync_engine, conn_id) is None
 
 
+@pytest.mark.parametrize("status", [429, 503])
 def test_a_short_retry_after_is_slept_inside_the_run(
-    sync_engine: Engine, respx_mock: respx.MockRouter
+    sync_engine: Engine, respx_mock: respx.MockRouter, status: int
 ) -> None:
     respx_mock.post(TOKEN_URL).mock(return_value=token("graph-token-1"))
     delta_route(respx_mock, NEXT_LINK).mock(
         side_effect=[
-            graph(fixture("msgraph", "throttled.json"), 503, {"Retry-After": "1"}),
+            graph(fixture("msgraph", "throttled.json"), status, {"Retry-After": "1"}),
             graph(fixture("msgraph", "delta_page2.json")),
         ]
     )

@@ -280,12 +280,18 @@ def test_a_429_waits_until_the_reset_it_names(
     assert run.results["companies"]["error"]["kind"] == "rate_limited"
 
 
-def test_a_503_with_a_long_retry_after_requeues_the_run_at_that_time(
-    sync_engine: Engine, respx_mock: respx.MockRouter
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [(429, {"errors": "Too Many Requests"}), (503, {"errors": "Service Unavailable"})],
+    ids=["429", "503-heavy-load"],
+)
+def test_a_long_retry_after_requeues_the_run_at_that_time(
+    sync_engine: Engine, respx_mock: respx.MockRouter, status: int, body: dict[str, str]
 ) -> None:
-    # Procore's heavy-load throttling: 503 with Retry-After.
+    # 503 with Retry-After is Procore's heavy-load throttling; a Retry-After on a 429 wins over
+    # the X-Rate-Limit-Reset it carries.
     respx_mock.get(COMPANIES).mock(
-        return_value=procore({"errors": "Service Unavailable"}, 503, extra={"Retry-After": "600"})
+        return_value=procore(body, status, extra={"Retry-After": "600"}, remaining=0)
     )
     conn_id = connect(sync_engine)
     before = now()
