@@ -13,7 +13,8 @@ and with the bare claim-then-finish ceiling, all on the same Postgres in one inv
   own process, one job at a time, then batched as each documents.
 
 Throughput is jobs / (end of the last job - start of the first); every configuration is
-repeated R times and the median is printed with the range. Then the round trips one run costs
+repeated R times, round-robin (so drifting load falls on all alike), and the median is printed
+with the range. Then the round trips one run costs
 are counted from a libpq protocol trace of one worker.
 """
 
@@ -299,21 +300,28 @@ def count_round_trips(url: str, provider: str, runs: int) -> tuple[int, Counter[
 # -- main ---------------------------------------------------------------------------------
 
 
-def measure(result: Result, repeat: int, url: str, fn: Callable[[], float]) -> Result:
-    for _ in range(repeat):
-        vacuum(url)
-        try:
-            result.rates.append(fn())
-        except Exception as exc:
-            result.error = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
-            console.print(f"[red]{result.system} {result.config}: {result.error}[/red]")
-            break
-    if result.rates:
-        console.print(
-            f"  {result.system:15} {result.config:55} {result.processes} proc: "
-            f"{result.rate:8,.0f}/s  {spread(result.rates)}"
-        )
-    return result
+Task = tuple[Result, Callable[[], float]]
+
+
+def measure_all(tasks: list[Task], repeat: int, url: str) -> None:
+    """Round-robin: every contender's k-th drain runs before anyone's (k+1)-th, so the load
+    other programs put on a shared machine falls on all of them alike."""
+    for round_ in range(repeat):
+        console.print(f"round {round_ + 1} of {repeat}")
+        for result, fn in tasks:
+            if result.error:
+                continue
+            vacuum(url)
+            try:
+                result.rates.append(fn())
+            except Exception as exc:
+                result.error = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+                console.print(f"[red]{result.system} {result.config}: {result.error}[/red]")
+                continue
+            console.print(
+                f"  {result.system:18} {result.config[:50]:50} {result.processes} proc: "
+                f"{result.rates[-1]:8,.0f}/s"
+            )
 
 
 def main() -> None:
@@ -336,36 +344,30 @@ def main() -> None:
                 SETUP_CONNECTIONS, {"n": n, "providers": ["bench_noop", "bench_no_tables"]}
             )
             conn.execute(BARE_TABLE)
-        results: list[Result] = []
-
-        for processes in (1, 2, 4):
-            results.append(
-                measure(
-                    Result("connector-sync", "1 empty table per run", processes, ours=True),
-                    repeat,
-                    url,
-                    lambda p=processes: drain_ours(url, "bench_noop", p),  # type: ignore[misc]
-                )
+        tasks: list[Task] = [
+            (
+                Result("connector-sync", "1 empty table per run", p, ours=True),
+                lambda p=p: drain_ours(url, "bench_noop", p),  # type: ignore[misc]
             )
-        results.append(
-            measure(
+            for p in (1, 2, 4)
+        ]
+        tasks.append(
+            (
                 Result("connector-sync", "zero tables per run", 1, ours=True),
-                repeat,
-                url,
                 lambda: drain_ours(url, "bench_no_tables", 1),
             )
         )
         for form, (claim_sql, finish_sql) in BARE_FORMS.items():
-            results.append(
-                measure(
+            tasks.append(
+                (
                     Result("ceiling (bare SQL)", form, 1, ceiling=True),
-                    repeat,
-                    url,
                     lambda c=claim_sql, f=finish_sql: drain_bare(url, n, c, f),  # type: ignore[misc]
                 )
             )
         if not args.no_peers:
-            results.extend(run_peers(url, n, repeat))
+            tasks.extend(peer_tasks(url, n))
+        measure_all(tasks, repeat, url)
+        results = [result for result, _ in tasks]
 
         trace_runs = min(n, 200)
         traced, trips = count_round_trips(url, "bench_noop", trace_runs)
@@ -377,8 +379,8 @@ def main() -> None:
     )
 
 
-def run_peers(url: str, n: int, repeat: int) -> list[Result]:
-    results = []
+def peer_tasks(url: str, n: int) -> list[Task]:
+    tasks: list[Task] = []
     peers: list[tuple[str, str, Callable[[], Any] | None, Callable[[], float]]] = [
         (
             "procrastinate",
@@ -437,18 +439,18 @@ def run_peers(url: str, n: int, repeat: int) -> list[Result]:
     ]
     broken: set[str] = set()
     for system, config, setup, fn in peers:
+        result = Result(system, config, 1)
         if system in broken:
-            continue
-        if setup is not None:
+            result.error = "setup failed"
+        elif setup is not None:
             try:
                 setup()
             except Exception as exc:
                 broken.add(system)
-                results.append(Result(system, config, 1, error=f"setup failed: {exc}"[:120]))
+                result.error = f"setup failed: {exc}"[:120]
                 console.print(f"[red]{system}: setup failed: {exc}[/red]")
-                continue
-        results.append(measure(Result(system, config, 1), repeat, url, fn))
-    return results
+        tasks.append((result, fn))
+    return tasks
 
 
 def _setup_python_peer(url: str, peer: str) -> None:

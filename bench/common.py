@@ -181,10 +181,11 @@ def machine_line(url: str) -> str:
         ).fetchone()
     assert row is not None
     version, fsync, sync_commit, buffers = row
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return (
         f"{os.cpu_count()} cores, Python {platform.python_version()}, Postgres {version} "
         f"(fsync={fsync}, synchronous_commit={sync_commit}, shared_buffers={buffers}), "
-        f"psycopg {psycopg.__version__}"
+        f"psycopg {psycopg.__version__}; load average {load}"
     )
 
 
