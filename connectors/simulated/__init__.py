@@ -3,8 +3,14 @@ trying the engine without an account anywhere: a local HTTP server (``server``) 
 a project tracker and a CRM, and a connector for each (``connector``): providers ``simulated``
 and ``simulated_crm``. See docs/simulated-provider.md."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from connectors.simulated.connector import SimulatedConfig, SimulatedCrm, SimulatedTracker
-from connectors.simulated.server import Simulation, Tenant, start_server
+
+if TYPE_CHECKING:
+    from connectors.simulated.server import Simulation, Tenant, start_server
 
 __all__ = [
     "SimulatedConfig",
@@ -14,3 +20,14 @@ __all__ = [
     "Tenant",
     "start_server",
 ]
+
+_SERVER_NAMES = {"Simulation", "Tenant", "start_server"}
+
+
+def __getattr__(name: str) -> Any:
+    # The server loads on first use, so `python -m connectors.simulated.server` runs it fresh.
+    if name in _SERVER_NAMES:
+        from connectors.simulated import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module 'connectors.simulated' has no attribute {name!r}")
