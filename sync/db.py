@@ -35,6 +35,7 @@ def is_transient(exc: BaseException) -> bool:
     """A deadlock, serialization failure or lock timeout: repeat the statement."""
     return isinstance(exc, psycopg.Error) and exc.sqlstate in RETRYABLE_SQLSTATES
 
+
 # Half-open TCP connections are noticed within about a minute.
 KEEPALIVES = {
     "keepalives": 1,

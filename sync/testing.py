@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from cryptography.fernet import Fernet
+from pydantic import SecretStr
 
 from sync.api import Engine
 from sync.models import Run
@@ -62,7 +63,7 @@ def sync_engine() -> Iterator[Engine]:
     url = os.environ.get("DATABASE_URL", DEFAULT_TEST_DATABASE)
     schema = f"t_{uuid.uuid4().hex[:12]}"
     key = os.environ.get("CONNECTOR_SYNC_SECRET_KEYS") or Fernet.generate_key().decode()
-    settings = Settings(database_url=url, schema_name=schema, secret_keys=key)
+    settings = Settings(database_url=url, schema_name=schema, secret_keys=SecretStr(key))
     try:
         with Engine(settings) as engine:
             engine.migrate()

@@ -1,0 +1,612 @@
+"""Chaos run: real worker processes, real faults, a real Postgres of its own, then a reckoning.
+
+    python -m bench.chaos            # short mode (CI): about two minutes in all
+    python -m bench.chaos --long     # ten minutes of faults
+
+It starts a Postgres instance on a spare port (so restarting it disturbs nothing else), the
+simulated provider with latency, random 429s and 503s and data that changes between syncs,
+hundreds of connections on short schedules across several workspaces and two providers, and
+six or more `connector-sync worker` processes, each reaching Postgres through a TCP proxy of
+its own. While they work, a fault injector, at random: SIGKILLs a worker and starts a new one;
+SIGSTOPs a worker past its lease and later SIGCONTs it; restarts Postgres once; cuts a worker
+off from Postgres for longer than a lease, then lets it reconnect; cancels runs and deletes
+connections mid-sync. Then the faults stop, every connection gets a last clean sync, and the
+run checks and prints what must be zero. Exit status 1 if any of it is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography.fernet import Fernet
+from rich.console import Console
+from rich.table import Table
+
+from connectors.simulated.server import Simulation, start_server
+from sync import Engine, Settings
+
+console = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class Plan:
+    duration: float  # seconds of faults
+    workers: int
+    workspaces: int
+    connections: int
+    tenants: int
+    fault_every: float  # mean seconds between faults
+    min_each: int  # every kind of fault fires at least this often
+    lease: float = 5.0
+
+
+SHORT = Plan(
+    duration=50, workers=6, workspaces=4, connections=120, tenants=12, fault_every=2.0, min_each=1
+)
+LONG = Plan(
+    duration=600, workers=8, workspaces=8, connections=400, tenants=40, fault_every=4.0, min_each=3
+)
+
+FAULTS = ("kill", "stop", "cut", "cancel", "delete", "restart")
+
+AUDIT = """
+CREATE TABLE chaos_audit (
+    written_by uuid, connection_id bigint, op text, at timestamptz DEFAULT clock_timestamp()
+);
+CREATE FUNCTION chaos_audit_write() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO chaos_audit (written_by, connection_id, op)
+    VALUES (NEW.written_by, NEW.connection_id, TG_OP);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER chaos_audit AFTER INSERT OR UPDATE ON records
+    FOR EACH ROW EXECUTE FUNCTION chaos_audit_write();
+"""
+
+# Every check below must come out zero.
+CHECKS = {
+    "runs lost (not finished after the drain)": """
+        SELECT count(*) FROM connection_runs
+         WHERE status NOT IN ('succeeded', 'partial', 'failed', 'cancelled')""",
+    "runs with more attempts than allowed": """
+        SELECT count(*) FROM connection_runs WHERE attempts > max_attempts""",
+    "overlapping leases on one connection": """
+        SELECT count(*) FROM run_attempts a JOIN connection_runs ra ON ra.id = a.run_id
+          JOIN run_attempts b ON b.id > a.id JOIN connection_runs rb ON rb.id = b.run_id
+         WHERE ra.connection_id = rb.connection_id
+           AND a.started_at < coalesce(b.finished_at, now())
+           AND b.started_at < coalesce(a.finished_at, now())""",
+    "writes committed after the writer's lease was lost": """
+        SELECT count(*) FROM chaos_audit w
+          JOIN run_attempts a ON a.lease_owner = w.written_by
+         WHERE w.at > a.finished_at
+            OR EXISTS (SELECT 1 FROM run_attempts b
+                        WHERE b.run_id = a.run_id AND b.id > a.id AND w.at >= b.started_at)""",
+    "provider-limiter violations": """
+        SELECT count(*) FROM run_attempts a JOIN connection_runs ra ON ra.id = a.run_id
+          JOIN run_attempts b ON b.id > a.id
+          JOIN connection_runs rb ON rb.id = b.run_id AND rb.workspace_id = ra.workspace_id
+         WHERE (ra.kind = 'purge' OR rb.kind = 'purge' OR ra.provider = rb.provider)
+           AND a.started_at < coalesce(b.finished_at, now())
+           AND b.started_at < coalesce(a.finished_at, now())""",
+}
+
+FIGURES = {
+    "runs created": "SELECT count(*) FROM connection_runs",
+    "runs succeeded": "SELECT count(*) FROM connection_runs WHERE status = 'succeeded'",
+    "runs partial / failed (dead-lettered)": """
+        SELECT count(*) FROM connection_runs WHERE status IN ('partial', 'failed')""",
+    "runs cancelled": "SELECT count(*) FROM connection_runs WHERE status = 'cancelled'",
+    "attempts": "SELECT count(*) FROM run_attempts",
+    "attempts lost to a dead or frozen worker": """
+        SELECT count(*) FROM run_attempts WHERE outcome = 'lost'""",
+    "attempts handed back at shutdown": """
+        SELECT count(*) FROM run_attempts WHERE outcome = 'handed_back'""",
+    "records written (audited writes)": "SELECT count(*) FROM chaos_audit",
+    "purges succeeded": """
+        SELECT count(*) FROM connection_runs WHERE kind = 'purge' AND status = 'succeeded'""",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Postgres:
+    """A throwaway Postgres 15 cluster under ``root`` on a spare port."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.data = root / "pgdata"
+        self.port = free_port()
+        self.bin = Path(
+            subprocess.run(
+                ["pg_config", "--bindir"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+        )
+        if not (self.bin / "initdb").exists():
+            versions = sorted(Path("/usr/lib/postgresql").iterdir())
+            self.bin = versions[-1] / "bin"
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        command = [str(self.bin / args[0]), *args[1:]]
+        if os.geteuid() == 0:  # Postgres refuses to run as root
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=True, capture_output=True)
+
+    def init(self) -> None:
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres")
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.write(
+                f"port = {self.port}\nlisten_addresses = '127.0.0.1'\n"
+                f"unix_socket_directories = '{self.root}'\nmax_connections = 300\n"
+                "shared_buffers = 128MB\n"
+            )
+
+    def start(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "pg.log"), "-w", "start")
+
+    def restart(self) -> None:
+        # Not `pg_ctl restart`: it would start the new postmaster without a log file, holding
+        # our captured stdout open forever.
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+        self.start()
+
+    def stop(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+
+
+class Proxy:
+    """A loopback TCP proxy in front of Postgres for one worker. ``cut()`` stops every byte
+    both ways (a partition: the worker's statements hang); ``heal()`` drops the connections
+    that lived through the cut, as a NAT or firewall would, so the worker must reconnect."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.open = threading.Event()
+        self.open.set()
+        self._sockets: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.upstream), timeout=5)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            with self._lock:
+                self._sockets.update((client, server))
+            for src, dst in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                self.open.wait()
+                ready, _, _ = select.select([src], [], [], 0.2)
+                if not ready:
+                    continue
+                data = src.recv(65536)
+                if not data:
+                    break
+                self.open.wait()  # bytes read just before a cut wait for the heal
+                dst.sendall(data)
+        except (OSError, ValueError):  # the other direction closed the sockets
+            pass
+        finally:
+            self._drop(src, dst)
+
+    def _drop(self, *sockets: socket.socket) -> None:
+        for s in sockets:
+            with self._lock:
+                self._sockets.discard(s)
+            with contextlib.suppress(OSError):
+                s.close()
+
+    def cut(self) -> None:
+        self.open.clear()
+
+    def heal(self) -> None:
+        with self._lock:
+            survivors = list(self._sockets)
+        self._drop(*survivors)
+        self.open.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self.heal()
+        self.listener.close()
+
+
+@dataclass
+class Slot:
+    """One worker position: its proxy and the process currently in it."""
+
+    index: int
+    proxy: Proxy
+    process: subprocess.Popen[bytes] | None = None
+    generation: int = 0
+    stopped: bool = False
+
+
+@dataclass
+class Fleet:
+    postgres: Postgres
+    root: Path
+    env: dict[str, str]
+    slots: list[Slot] = field(default_factory=list)
+
+    def spawn(self, slot: Slot) -> None:
+        slot.generation += 1
+        log = (self.root / f"worker-{slot.index}-{slot.generation}.log").open("wb")
+        env = {
+            **self.env,
+            "DATABASE_URL": f"postgresql://postgres@127.0.0.1:{slot.proxy.port}/postgres",
+        }
+        slot.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sync.cli",
+                "worker",
+                "--id",
+                f"chaos-{slot.index}-{slot.generation}",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        slot.stopped = False
+
+    def start(self, count: int) -> None:
+        for i in range(count):
+            slot = Slot(i, Proxy(self.postgres.port))
+            self.slots.append(slot)
+            self.spawn(slot)
+
+    def live(self) -> list[Slot]:
+        return [s for s in self.slots if s.process is not None and s.process.poll() is None]
+
+    def stop_all(self) -> None:
+        for slot in self.slots:
+            if slot.process is None:
+                continue
+            if slot.stopped:
+                slot.process.send_signal(signal.SIGCONT)
+            slot.proxy.heal()
+            slot.process.terminate()
+        for slot in self.slots:
+            if slot.process is not None:
+                try:
+                    slot.process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    slot.process.kill()
+            slot.proxy.close()
+
+
+class Chaos:
+    def __init__(self, plan: Plan, seed: int, root: Path) -> None:
+        self.plan = plan
+        self.random = random.Random(seed)
+        self.root = root
+        self.fired: Counter[str] = Counter()
+        self.deleted: list[int] = []
+        self.postgres = Postgres(root)
+        self.simulation = Simulation()
+        self.stop_server: Callable[[], None] = lambda: None
+        self.restarted = False
+        self.timers: list[threading.Timer] = []
+
+    # -- setup -----------------------------------------------------------------------------
+
+    def settings(self) -> Settings:
+        return Settings(
+            database_url=self.postgres.url,
+            secret_keys=self.key,
+            lease_seconds=self.plan.lease,
+            control_interval=0.5,
+            heartbeat_interval=2.0,
+            poll_interval=0.5,
+            backoff_seconds=(0.5, 1.0, 2.0),
+            max_inline_wait=2.0,
+            statement_timeout=20.0,
+            lock_timeout=5.0,
+        )
+
+    def setup(self) -> Engine:
+        self.key = Fernet.generate_key().decode()
+        self.postgres.init()
+        self.postgres.start()
+        engine = Engine(self.settings(), pool_size=6)
+        engine.migrate()
+        with engine.pool.connection() as conn:
+            conn.execute(AUDIT)
+        for t in range(self.plan.tenants):
+            tenant = self.simulation.add_tenant(f"t{t}", size=30, seed=t, page_delay=0.01)
+            tenant.configure(rate_limit_every=17, unavailable_every=23, retry_after=1.0)
+        url, self.stop_server = start_server(self.simulation)
+        workspaces = [engine.create_workspace(f"ws{w}") for w in range(self.plan.workspaces)]
+        for c in range(self.plan.connections):
+            tenant = f"t{c % self.plan.tenants}"
+            engine.create_connection(
+                workspaces[c % len(workspaces)].id,
+                f"c{c}",
+                "simulated" if c % 2 == 0 else "simulated_crm",
+                config={"base_url": url, "tenant": tenant, "page_size": 10},
+                credentials={"token": f"sim-{tenant}"},
+                schedule_every=self.random.uniform(3, 8),
+            )
+        return engine
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def inject(self, engine: Engine, fleet: Fleet) -> None:
+        deadline = time.monotonic() + self.plan.duration
+        next_advance = time.monotonic()
+        while time.monotonic() < deadline:
+            if time.monotonic() >= next_advance:
+                for tenant in self.random.sample(self.simulation.tenants(), 3):
+                    tenant.advance()
+                next_advance = time.monotonic() + 2.0
+            left = [f for f in FAULTS if self.fired[f] < self.plan.min_each]
+            remaining = deadline - time.monotonic()
+            kind = (
+                self.random.choice(left)
+                if left and remaining < self.plan.duration / 2
+                else self.random.choice(FAULTS)
+            )
+            try:
+                self.fire(kind, engine, fleet)
+            except Exception as exc:  # the database may be restarting; the run goes on
+                console.print(f"[yellow]{kind} failed: {exc}")
+            time.sleep(self.random.expovariate(1 / self.plan.fault_every))
+
+    def fire(self, kind: str, engine: Engine, fleet: Fleet) -> None:
+        lease = self.plan.lease
+        candidates = [s for s in fleet.live() if not s.stopped and s.proxy.open.is_set()]
+        if kind == "kill" and candidates:
+            slot = self.random.choice(candidates)
+            assert slot.process is not None
+            slot.process.send_signal(signal.SIGKILL)
+            slot.process.wait()
+            fleet.spawn(slot)
+        elif kind == "stop" and candidates:
+            slot = self.random.choice(candidates)
+            assert slot.process is not None
+            slot.process.send_signal(signal.SIGSTOP)
+            slot.stopped = True
+            self.later(lease + 2, lambda s=slot: self._resume(s))
+        elif kind == "cut" and candidates:
+            slot = self.random.choice(candidates)
+            slot.proxy.cut()
+            self.later(lease + 2, slot.proxy.heal)
+        elif kind == "restart":
+            if self.restarted:
+                return
+            self.restarted = True
+            self.postgres.restart()
+        elif kind == "cancel":
+            running = engine.runs(status="running", limit=200)
+            syncs = [r for r in running if r.kind == "sync"]
+            if not syncs:
+                return
+            engine.cancel_run(self.random.choice(syncs).id)
+        elif kind == "delete":
+            running = [
+                r
+                for r in engine.runs(status="running", limit=200)
+                if r.kind == "sync" and r.connection_id not in self.deleted
+            ]
+            if not running:
+                return
+            victim = self.random.choice(running).connection_id
+            assert victim is not None
+            engine.delete_connection(victim)
+            self.deleted.append(victim)
+        else:
+            return
+        self.fired[kind] += 1
+
+    def later(self, seconds: float, action: Callable[[], object]) -> None:
+        timer = threading.Timer(seconds, action)
+        timer.daemon = True
+        timer.start()
+        self.timers.append(timer)
+
+    @staticmethod
+    def _resume(slot: Slot) -> None:
+        if slot.process is not None and slot.process.poll() is None:
+            slot.process.send_signal(signal.SIGCONT)
+        slot.stopped = False
+
+    # -- the reckoning ---------------------------------------------------------------------
+
+    def settle(self, engine: Engine, fleet: Fleet) -> None:
+        """Stop the faults, heal everything, and give every connection a last clean sync."""
+        for timer in self.timers:
+            timer.cancel()
+        for slot in fleet.slots:
+            self._resume(slot)
+            slot.proxy.heal()
+            if slot.process is None or slot.process.poll() is not None:
+                fleet.spawn(slot)
+        for tenant in self.simulation.tenants():
+            tenant.configure(rate_limit_every=None, unavailable_every=None)
+        with engine.pool.connection() as conn:
+            conn.execute("UPDATE connections SET next_run_at = NULL")  # schedules off
+        self.wait_idle(engine, 120)
+        for connection in engine.connections():
+            if connection.status == "active":
+                engine.sync(connection.id, trigger="clean")
+        self.wait_idle(engine, 120)
+
+    @staticmethod
+    def wait_idle(engine: Engine, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with engine.pool.connection() as conn:
+                row = conn.execute(
+                    "SELECT count(*) AS n FROM connection_runs "
+                    "WHERE status IN ('waiting', 'queued', 'running')"
+                ).fetchone()
+            if row and row["n"] == 0:
+                return
+            time.sleep(0.5)
+
+    def differing_connections(self, engine: Engine) -> list[str]:
+        tables = {"simulated": ("projects", "issues"), "simulated_crm": ("contacts", "deals")}
+        differ = []
+        for connection in engine.connections():
+            if connection.status != "active":
+                continue
+            tenant = self.simulation.tenant(connection.config["tenant"])
+            for table in tables[connection.provider]:
+                expected = {str(row["id"]): row for row in tenant.rows(table)}
+                stored = {
+                    r.external_id: r.data
+                    for r in engine.records(connection.id, table, limit=100_000)
+                }
+                if stored != expected:
+                    differ.append(f"{connection.name}.{table}")
+        return differ
+
+    def leftovers_of_deleted(self, engine: Engine) -> int:
+        with engine.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT (SELECT count(*) FROM records WHERE connection_id = ANY(%(ids)s)) "
+                "     + (SELECT count(*) FROM table_state WHERE connection_id = ANY(%(ids)s)) "
+                "     + (SELECT count(*) FROM connections WHERE id = ANY(%(ids)s)) AS n",
+                {"ids": self.deleted},
+            ).fetchone()
+        return int(row["n"]) if row else -1
+
+    def report(self, engine: Engine) -> bool:
+        with engine.pool.connection() as conn:
+            figures = {name: conn.execute(sql).fetchone() for name, sql in FIGURES.items()}
+            checks = {name: conn.execute(sql).fetchone() for name, sql in CHECKS.items()}
+        values = {n: int(next(iter(r.values()))) for n, r in checks.items() if r}
+        differ = self.differing_connections(engine)
+        values["connections whose records differ from the provider"] = len(differ)
+        values["deleted connections with data left"] = self.leftovers_of_deleted(engine)
+        faults = Table(title="faults fired")
+        faults.add_column("fault")
+        faults.add_column("times", justify="right")
+        for kind in FAULTS:
+            faults.add_row(kind, str(self.fired[kind]))
+        summary = Table(title="chaos summary")
+        summary.add_column("measure")
+        summary.add_column("value", justify="right")
+        summary.add_column("must be")
+        for name, row in figures.items():
+            summary.add_row(name, str(next(iter(row.values())) if row else "?"), "")
+        ok = True
+        for name, value in values.items():
+            good = value == 0
+            ok &= good
+            summary.add_row(name, f"[{'green' if good else 'red'}]{value}", "0")
+        out = Console()
+        out.print(faults)
+        out.print(summary)
+        if differ:
+            out.print(f"differing: {', '.join(differ[:20])}")
+        with engine.pool.connection() as conn:
+            failed = conn.execute(
+                "SELECT id, kind, status, attempts, error FROM connection_runs "
+                "WHERE status IN ('partial', 'failed') ORDER BY id LIMIT 20"
+            ).fetchall()
+        for run in failed:  # legitimate outcomes under chaos, but say why
+            error = run["error"] or {}
+            out.print(
+                f"run {run['id']} ({run['kind']}) {run['status']} after {run['attempts']} "
+                f"attempt(s): {error.get('kind')}: {error.get('message')}"
+            )
+        missing = [k for k in FAULTS if self.fired[k] < self.plan.min_each]
+        if missing:
+            out.print(f"[red]faults that fired fewer than {self.plan.min_each} times: {missing}")
+            ok = False
+        return ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--long", action="store_true", help="ten minutes of faults")
+    parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    args = parser.parse_args()
+    plan = LONG if args.long else SHORT
+    root = Path(tempfile.mkdtemp(prefix="connector-sync-chaos-"))
+    chaos = Chaos(plan, args.seed, root)
+    console.print(f"chaos: seed {args.seed}, {plan}, work dir {root}")
+    engine: Engine | None = None
+    fleet: Fleet | None = None
+    ok = False
+    started = time.monotonic()
+    try:
+        engine = chaos.setup()
+        env = {**os.environ, "CONNECTOR_SYNC_SECRET_KEYS": chaos.key}
+        for name, value in chaos.settings().model_dump().items():
+            if name in ("database_url", "secret_keys", "home", "schema_name"):
+                continue
+            env[f"CONNECTOR_SYNC_{name.upper()}"] = (
+                "[" + ",".join(map(str, value)) + "]" if isinstance(value, tuple) else str(value)
+            )
+        fleet = Fleet(chaos.postgres, root, env)
+        fleet.start(plan.workers)
+        console.print(f"{plan.workers} workers started; injecting faults for {plan.duration:.0f} s")
+        chaos.inject(engine, fleet)
+        console.print("faults off; last clean sync")
+        chaos.settle(engine, fleet)
+        ok = chaos.report(engine)
+    finally:
+        if fleet is not None:
+            fleet.stop_all()
+        if engine is not None:
+            engine.close()
+        chaos.stop_server()
+        with contextlib.suppress(subprocess.CalledProcessError, FileNotFoundError):
+            chaos.postgres.stop()
+        if not args.keep and ok:
+            shutil.rmtree(root, ignore_errors=True)
+        console.print(
+            f"chaos took {time.monotonic() - started:.0f} s; "
+            f"{'all zeros' if ok else 'FAILED, logs in ' + str(root)}"
+        )
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
