@@ -44,6 +44,7 @@ R = TypeVar("R")
 USER_ERROR = 2
 RUN_FAILED = 1
 STALE_HEARTBEATS = 3  # a worker silent for this many heartbeat intervals is stale
+RUN_STATUSES = ("waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled")
 
 app = typer.Typer(
     name="connector-sync",
@@ -580,7 +581,15 @@ def sync_command(
         run = engine.sync(connection_id)
         if wait:
             _session.announce()
-            run = follow_run(engine, run, live=not as_json)
+            try:
+                run = follow_run(engine, run, live=not as_json)
+            except KeyboardInterrupt:
+                print(
+                    f"stopped following run #{run.id}; it goes on (`connector-sync runs cancel "
+                    f"{run.id}` stops it)",
+                    file=sys.stderr,
+                )
+                raise typer.Exit(130) from None
     if as_json:
         emit_json(run.to_json())
     elif not wait:
@@ -700,6 +709,8 @@ def runs_list(
     as_json: bool = JsonOption,
 ) -> None:
     """Recent runs, newest first."""
+    if status is not None and status not in RUN_STATUSES:
+        fail(f"--status must be one of {', '.join(RUN_STATUSES)}")
     with open_engine() as engine:
         ws = workspace_id(engine, workspace) if workspace else None
         found = engine.runs(connection_id=connection, status=status, workspace_id=ws, limit=limit)

@@ -83,7 +83,8 @@ def _exclusive(path: Path, *, what: str) -> Iterator[None]:
                 if time.monotonic() > deadline:
                     raise DatabaseUnavailable(
                         f"another process has been starting the embedded Postgres under {what} "
-                        f"for over {START_TIMEOUT:.0f} s; if none is, remove {path}"
+                        f"for over {START_TIMEOUT:.0f} s; see {Path(what) / 'log'}, or set "
+                        "DATABASE_URL"
                     ) from None
                 time.sleep(0.1)
         try:

@@ -370,6 +370,7 @@ MISTAKES = {
         ["no connector is registered for provider 'nosuch'"],
     ),
     "bad duration": ([*CREATE, "--config", GOOD_CONFIG, "--every", "soon"], ["not a duration"]),
+    "bad run status": (["runs", "list", "--status", "done"], ["--status must be one of"]),
 }
 
 
