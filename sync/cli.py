@@ -362,6 +362,8 @@ def worker(
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # One line per request is noise at INFO; the run's own log lines say what happened.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     with open_engine() as engine:
         service = engine.worker(worker_id=worker_id, listen=not once)
         _session.announce()

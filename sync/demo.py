@@ -78,7 +78,10 @@ class DemoFailed(Exception):
 
 def _env_for_workers(settings: Settings, url: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["DATABASE_URL"] = url
+    if settings.database_url:
+        env["DATABASE_URL"] = url
+    else:  # the same embedded Postgres, found through the home directory
+        env.pop("DATABASE_URL", None)
     env["CONNECTOR_SYNC_SCHEMA"] = settings.schema_name
     env["CONNECTOR_SYNC_HOME"] = str(settings.home.expanduser().resolve())
     for name, value in DEMO_TUNING.items():
