@@ -14,9 +14,11 @@ SELECT * FROM enqueue_run(%(connection_id)s, %(workspace_id)s, %(trigger)s, %(ma
 
 -- name: claim_run
 -- Claims the oldest claimable run (see claim_run() in 0002_queue_functions.sql) and returns it
--- with what the executor needs of its connection, in one round trip.
+-- with what the executor needs of its connection and its tables' cursors, in one round trip.
 SELECT r.*, c.name AS connection_name, c.status AS connection_status, c.config,
-       c.credentials
+       c.credentials,
+       (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
+         WHERE s.connection_id = r.connection_id AND s.cursor IS NOT NULL) AS cursors
   FROM claim_run(%(worker_id)s, %(lease)s) r
   LEFT JOIN connections c ON c.id = r.connection_id;
 
@@ -81,7 +83,8 @@ UPDATE connections
 RETURNING *;
 
 -- name: finish_run
--- Seals a run with a terminal status, its results and error, and closes its attempt. Fenced: a
+-- Seals a run with a terminal status, its results and error, and closes its attempt; with
+-- `disconnect`, marks its connection disconnected (credentials refused for good). Fenced: a
 -- stale owner's finish matches nothing. Wakes idle workers, since the lane it held is free.
 WITH sealed AS (
     UPDATE connection_runs
@@ -90,7 +93,13 @@ WITH sealed AS (
            processed_units = coalesce(%(processed_units)s, processed_units)
      WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
        AND lease_expires_at > now()
-    RETURNING id
+    RETURNING id, connection_id
+), disconnected AS (
+    UPDATE connections c
+       SET status = 'disconnected', updated_at = now()
+      FROM sealed
+     WHERE c.id = sealed.connection_id AND %(disconnect)s AND c.status = 'active'
+    RETURNING 1
 ), attempt AS (
     UPDATE run_attempts
        SET finished_at = clock_timestamp(), outcome = %(status)s, error = %(error)s, results = %(results)s
@@ -98,7 +107,8 @@ WITH sealed AS (
 ), woken AS (
     SELECT pg_notify(notify_channel(), 'finished') FROM sealed
 )
-SELECT (SELECT count(*) FROM sealed) AS sealed, (SELECT count(*) FROM woken) AS woken;
+SELECT (SELECT count(*) FROM sealed) AS sealed, (SELECT count(*) FROM woken) AS woken,
+       (SELECT count(*) FROM disconnected) AS disconnected;
 
 -- name: requeue_run
 -- Hands a failed attempt's run back to the queue as the same row, due after the delay, keeping
@@ -347,10 +357,6 @@ SELECT %(connection_id)s, %(table_name)s, %(cursor)s FROM fence
 ON CONFLICT (connection_id, table_name) DO UPDATE
    SET cursor = EXCLUDED.cursor, updated_at = now()
 RETURNING 1;
-
--- name: read_cursors
--- The saved cursors of a connection's tables.
-SELECT table_name, cursor FROM table_state WHERE connection_id = %(connection_id)s;
 
 -- name: clear_seen_keys
 -- Drops the seen keys an attempt left behind (a table that failed part-way). Only the owner of

@@ -5,6 +5,7 @@ schema prefix."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import psycopg
@@ -103,6 +104,8 @@ def open_pool(settings: Settings, url: str, *, size: int | None = None) -> Pool:
             "connect_timeout": 10,
             **connection_kwargs(settings),
         },
+        check=_check_if_idle,
+        reset=_stamp_return,
         open=False,
         name="connector-sync",
     )
@@ -114,6 +117,22 @@ def open_pool(settings: Settings, url: str, *, size: int | None = None) -> Pool:
         connect(settings, url).close()
         raise DatabaseUnavailable(f"cannot open a pool to {describe(url)}: {exc}") from None
     return pool
+
+
+# A pooled connection idle longer than this is checked (one empty round trip) before it is
+# handed out, so the first statement after a database restart or a network cut does not fail
+# on a dead connection. A worker draining a queue reuses connections faster and pays nothing.
+CHECK_AFTER_IDLE = 1.0
+
+
+def _stamp_return(conn: Connection) -> None:
+    conn._cs_returned_at = time.monotonic()  # type: ignore[attr-defined]
+
+
+def _check_if_idle(conn: Connection) -> None:
+    returned = getattr(conn, "_cs_returned_at", None)
+    if returned is None or time.monotonic() - returned > CHECK_AFTER_IDLE:
+        ConnectionPool.check_connection(conn)
 
 
 def first_line(exc: BaseException) -> str:

@@ -67,6 +67,7 @@ class ClaimedRun:
     connection_status: str | None
     config: dict[str, Any] | None
     credentials: bytes | None
+    cursors: dict[str, Any] | None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ClaimedRun:
@@ -232,6 +233,7 @@ class Executor:
         self._keeper = keeper
         self._worker_id = worker_id
         self.current: AbortSignal | None = None
+        self._seen_keys_left = False
 
     def execute(self, run: ClaimedRun) -> Outcome:
         """Run one claimed run to its end and apply the outcome. Returns what was decided."""
@@ -247,6 +249,7 @@ class Executor:
             },
         )
         self.current = abort
+        self._seen_keys_left = False
         self._keeper.watch(run.lease, abort, budget=budget, logger=logger)
         logger.info("%s run started (attempt %d of %d)", run.kind, run.attempts, run.max_attempts)
         try:
@@ -260,7 +263,7 @@ class Executor:
         finally:
             self._keeper.release()
             self.current = None
-            if run.kind == "sync":
+            if self._seen_keys_left:  # a full table that did not complete left its keys
                 self._clear_seen_keys(run, logger)
 
     # -- sync ------------------------------------------------------------------------------
@@ -284,15 +287,22 @@ class Executor:
             return decide_(results, run_error=stop.error), results
         for table in connector.tables:
             results.setdefault(table.name, TableResult())
+        # Tables settled by an earlier attempt are not read again.
+        unsettled = [
+            t
+            for t in connector.tables
+            if results[t.name].status not in (TableStatus.SUCCEEDED, TableStatus.FAILED)
+        ]
         try:
-            for table in connector.tables:
-                if results[table.name].status in (TableStatus.SUCCEEDED, TableStatus.FAILED):
-                    continue  # settled by an earlier attempt
+            for table in unsettled:
                 if abort.is_set:
                     break
                 result = self._sync_table(run, connector, table, abort, logger)
                 results[table.name] = result
-                if abort.reason is not AbortReason.LEASE_LOST:
+                if result.status is not TableStatus.SUCCEEDED:
+                    self._seen_keys_left = True
+                # Saved as each table ends, so a crash keeps them; the finish saves the last.
+                if table is not unsettled[-1] and abort.reason is not AbortReason.LEASE_LOST:
                     self._save_results(run, results, abort)
                 kind = (result.error or {}).get("kind")
                 if kind == "auth":
@@ -334,7 +344,7 @@ class Executor:
                 raise _StopAttempt({"kind": "config", "message": str(exc)}) from None
             redact.register(credentials)
         assert run.connection_id is not None
-        cursors = self._read_cursors(run.connection_id)
+        cursors = dict(run.cursors or {})
         context = RunContext(
             run=run,
             connector_class=cls,
@@ -547,20 +557,15 @@ class Executor:
                         QUERIES.requeue_run, {**params, "delay_seconds": outcome.delay}
                     ).fetchone()
                     return row["status"] if row else None
-                with conn.transaction():
-                    row = conn.execute(
-                        QUERIES.finish_run,
-                        {**params, "status": outcome.status, "processed_units": processed},
-                    ).fetchone()
-                    if row and row["sealed"] and (outcome.error or {}).get("kind") == "auth":
-                        conn.execute(
-                            QUERIES.set_connection_status,
-                            {
-                                "connection_id": run.connection_id,
-                                "workspace_id": None,
-                                "status": "disconnected",
-                            },
-                        )
+                row = conn.execute(
+                    QUERIES.finish_run,
+                    {
+                        **params,
+                        "status": outcome.status,
+                        "processed_units": processed,
+                        "disconnect": (outcome.error or {}).get("kind") == "auth",
+                    },
+                ).fetchone()
                 return outcome.status if row and row["sealed"] else None
 
         for attempt in Retrying(
@@ -595,11 +600,6 @@ class Executor:
             return  # the finish writes them again
         if row is None:
             abort.trip(AbortReason.LEASE_LOST)
-
-    def _read_cursors(self, connection_id: int) -> dict[str, Any]:
-        with self._pool.connection() as conn:
-            rows = conn.execute(QUERIES.read_cursors, {"connection_id": connection_id})
-            return {row["table_name"]: row["cursor"] for row in rows}
 
     def _clear_seen_keys(
         self, run: ClaimedRun, logger: logging.LoggerAdapter[logging.Logger]

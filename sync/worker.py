@@ -37,6 +37,7 @@ log = logging.getLogger("sync.worker")
 
 SWEEP_EVERY = 60.0  # seconds between sweeps of orphaned seen keys
 MAX_BACKOFF = 30.0  # the longest idle wait while the database keeps failing
+SCHEDULE_EVERY = 1.0  # seconds between scans for due schedules
 
 
 def _version() -> str:
@@ -138,6 +139,7 @@ class Worker:
         self._executor = Executor(pool, settings, secrets, self._keeper, self.id)
         self._last_heartbeat = float("-inf")
         self._last_sweep = float("-inf")
+        self._last_schedule_scan = float("-inf")
         self._current_run_id: int | None = None
         self.stage_failures: dict[str, int] = {}
         self.database_failures = 0  # consecutive polls in which the database failed
@@ -256,6 +258,12 @@ class Worker:
             self._last_heartbeat = now
 
     def _enqueue_schedules(self) -> bool:
+        # Due connections are looked for at most once a second, not on every poll of a
+        # worker draining a queue: schedules are coarse, round trips are not free.
+        now = time.monotonic()
+        if now - self._last_schedule_scan < SCHEDULE_EVERY:
+            return False
+        self._last_schedule_scan = now
         with self._pool.connection() as conn:
             row = conn.execute(
                 QUERIES.enqueue_due_schedules,

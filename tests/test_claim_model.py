@@ -141,6 +141,7 @@ class ClaimModel(RuleBasedStateMachine):
                     "lease_owner": run.owner,
                     "status": "succeeded",
                     "results": Jsonb({}),
+                    "disconnect": False,
                     "error": None,
                     "processed_units": None,
                 },

@@ -104,7 +104,8 @@ def test_every_write_of_a_stale_claim_matches_nothing(engine: Engine, admin: Any
         }
         assert (
             db.execute(
-                QUERIES.finish_run, {**params, "status": "succeeded", "processed_units": None}
+                QUERIES.finish_run,
+                {**params, "status": "succeeded", "processed_units": None, "disconnect": False},
             ).fetchone()["sealed"]
             == 0
         )
