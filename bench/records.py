@@ -10,7 +10,8 @@ Records/s is the table's size over the run's duration (``run_attempts``, server 
 
 WAL: ``pg_current_wal_lsn()`` before and after each phase is cluster-wide, and this
 Postgres may be shared; so the bytes of WAL records that touch this benchmark's database are
-also summed with ``pg_walinspect`` (commit records, which name no relation, excluded).
+also summed with ``pg_walinspect`` (commit records, which name no relation, excluded). Each
+phase starts right after a CHECKPOINT (see ``Wal``).
 
 Compared with, on the same server and the same generated records:
 - the ``COPY`` ceiling: ``COPY`` into a table like ``records`` (same columns, same primary key),
@@ -25,12 +26,15 @@ The same sizes run at ``--small`` (10 k) records, to show that RSS is flat.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +79,13 @@ class Row:
 
 
 class Wal:
+    """WAL written while a phase runs: cluster-wide (``pg_current_wal_lsn()`` before and
+    after) and attributed to this database with ``pg_walinspect``, summed every few seconds
+    while the phase runs, since a phase may write more than ``max_wal_size`` and its first
+    segments would be recycled before the end. Each phase starts right after a CHECKPOINT, so
+    each pays the full-page images of the pages it touches first: the worst case, and the same
+    for every phase."""
+
     def __init__(self, url: str) -> None:
         self.url = url
         with psycopg.connect(url, autocommit=True) as conn:
@@ -89,31 +100,62 @@ class Wal:
             except psycopg.Error:
                 self.inspect = False
 
-    def lsn(self) -> str:
+    @contextlib.contextmanager
+    def meter(self) -> Iterator[WalMeter]:
         with psycopg.connect(self.url, autocommit=True) as conn:
-            row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+            conn.execute("CHECKPOINT")
+        meter = WalMeter(self)
+        meter.start()
+        try:
+            yield meter
+        finally:
+            meter.stop()
+
+
+class WalMeter(threading.Thread):
+    def __init__(self, wal: Wal) -> None:
+        super().__init__(daemon=True)
+        self.wal = wal
+        self.conn = psycopg.connect(wal.url, autocommit=True)
+        self.first = self.last = self._lsn()
+        self.in_db: float | None = 0.0 if wal.inspect else None
+        self.total = 0.0
+        self._stop_event = threading.Event()
+
+    def _lsn(self) -> str:
+        row = self.conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
         assert row is not None
         return str(row[0])
 
-    def between(self, start: str, end: str) -> tuple[float, float | None]:
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            row = conn.execute("SELECT pg_wal_lsn_diff(%s, %s)", (end, start)).fetchone()
-            assert row is not None
-            total = float(row[0])
-            if not self.inspect:
-                return total, None
+    def _advance(self) -> None:
+        end = self._lsn()
+        if self.in_db is not None and end != self.last:
             try:
-                row = conn.execute(
-                    "SELECT coalesce(sum(record_length + fpi_length), 0) "
+                # record_length includes the record's full-page images.
+                row = self.conn.execute(
+                    "SELECT coalesce(sum(record_length), 0) "
                     "FROM pg_get_wal_records_info(%s, %s) WHERE block_ref LIKE %s",
-                    (start, end, f"%/{self.db_oid}/%"),
+                    (self.last, end, f"%/{self.wal.db_oid}/%"),
                 ).fetchone()
+                assert row is not None
+                self.in_db += float(row[0])
             except psycopg.Error:
-                # A phase that wrote more than max_wal_size: its first segments are recycled
-                # already. The cluster-wide figure, which this phase dominates, stands alone.
-                return total, None
-        assert row is not None
-        return total, float(row[0])
+                self.in_db = None  # a window's segments were recycled before we read them
+        self.last = end
+
+    def run(self) -> None:
+        while not self._stop_event.wait(3.0):
+            self._advance()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+        self._advance()
+        row = self.conn.execute("SELECT pg_wal_lsn_diff(%s, %s)", (self.last, self.first))
+        found = row.fetchone()
+        assert found is not None
+        self.total = float(found[0])
+        self.conn.close()
 
 
 # -- ours ---------------------------------------------------------------------------------
@@ -130,18 +172,18 @@ def run_ours(url: str, wal: Wal, connection_id: int, size: int, phase: dataset.P
         )
     with Engine(settings_for(url), pool_size=3) as engine:
         run_id = engine.sync(connection_id).id
-    start = wal.lsn()
     proc = spawn(
         [python(), "-m", "bench.worker", "--url", url, "--mode", "drain"], stdin=subprocess.PIPE
     )
     assert proc.stdout is not None and proc.stdin is not None
     if proc.stdout.readline().strip() != "READY":
         raise RuntimeError("the worker did not start")
-    proc.stdin.write("go\n")
-    proc.stdin.flush()
-    out = json.loads(proc.stdout.readline())
-    proc.wait(timeout=60)
-    total, in_db = wal.between(start, wal.lsn())
+    with wal.meter() as meter:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out = json.loads(proc.stdout.readline())
+        proc.wait(timeout=60)
+    total, in_db = meter.total, meter.in_db
     with connect(url) as conn:
         row = conn.execute(
             "SELECT r.status, r.results, extract(epoch FROM a.finished_at - a.started_at) "
@@ -265,7 +307,6 @@ def dlt_load(url: str, n: int, phase: dataset.Phase, workdir: str) -> None:
 
 
 def run_child(what: str, url: str, wal: Wal, size: int, phase: dataset.Phase, workdir: str) -> Row:
-    start = wal.lsn()
     env = {
         # No telemetry leaves the machine; dlt keeps its state under the scratch directory.
         "RUNTIME__DLTHUB_TELEMETRY": "false",
@@ -290,11 +331,12 @@ def run_child(what: str, url: str, wal: Wal, size: int, phase: dataset.Phase, wo
         ],
         env=env,
     )
-    out, _ = proc.communicate(timeout=3600)
+    with wal.meter() as meter:
+        out, _ = proc.communicate(timeout=3600)
     if proc.returncode:
         raise RuntimeError(f"{what} exited with {proc.returncode}")
     data = json.loads(out.strip().splitlines()[-1])
-    total, in_db = wal.between(start, wal.lsn()) if what != "generate" else (0.0, 0.0)
+    total, in_db = (meter.total, meter.in_db) if what != "generate" else (0.0, 0.0)
     names = {
         "generate": "generate + encode only (no database)",
         "copy": "COPY (the ceiling)",
