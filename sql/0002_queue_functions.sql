@@ -182,6 +182,65 @@ END
 $$;
 
 
+-- finish_run: seal a run with a terminal status, its results and error, close its attempt and,
+-- with p_disconnect, mark its connection disconnected (credentials refused for good). Wakes idle
+-- workers, since the lane it held is free. Invariant: fenced; a stale owner's finish matches
+-- nothing and returns false.
+CREATE FUNCTION finish_run(p_run_id bigint, p_lease_owner uuid, p_status text, p_results jsonb,
+                           p_error jsonb, p_processed_units bigint, p_disconnect boolean)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_connection bigint;
+BEGIN
+    UPDATE connection_runs
+       SET status = p_status, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
+           results = p_results, error = p_error,
+           processed_units = coalesce(p_processed_units, processed_units)
+     WHERE id = p_run_id AND lease_owner = p_lease_owner AND status = 'running'
+       AND lease_expires_at > now()
+    RETURNING connection_id INTO v_connection;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE run_attempts
+       SET finished_at = clock_timestamp(), outcome = p_status, error = p_error,
+           results = p_results
+     WHERE lease_owner = p_lease_owner;
+    IF p_disconnect THEN
+        UPDATE connections SET status = 'disconnected', updated_at = now()
+         WHERE id = v_connection AND status = 'active';
+    END IF;
+    PERFORM pg_notify(notify_channel(), 'finished');
+    RETURN true;
+END
+$$;
+
+
+-- finish_and_claim: finish_run(), then claim_run(), in one call: the worker loop's single round
+-- trip between two runs. The finish commits with the claim; if nothing is claimable, `claimed`
+-- is all NULL and the finish still stands.
+CREATE FUNCTION finish_and_claim(p_run_id bigint, p_lease_owner uuid, p_status text,
+                                 p_results jsonb, p_error jsonb, p_processed_units bigint,
+                                 p_disconnect boolean, p_worker_id text, p_lease interval)
+RETURNS TABLE (sealed boolean, claimed connection_runs)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    v_next connection_runs;
+BEGIN
+    sealed := finish_run(p_run_id, p_lease_owner, p_status, p_results, p_error,
+                         p_processed_units, p_disconnect);
+    SELECT * INTO v_next FROM claim_run(p_worker_id, p_lease);
+    claimed := v_next;
+    RETURN NEXT;
+END
+$$;
+
+
 -- delete_connection: mark the connection deleting, cancel its queued sync, and insert the purge
 -- run: waiting behind a sync that is still running, else queued. Returns the purge run (the one
 -- already pending, when called twice). Each statement sees what the previous ones committed or

@@ -83,32 +83,22 @@ UPDATE connections
 RETURNING *;
 
 -- name: finish_run
--- Seals a run with a terminal status, its results and error, and closes its attempt; with
--- `disconnect`, marks its connection disconnected (credentials refused for good). Fenced: a
--- stale owner's finish matches nothing. Wakes idle workers, since the lane it held is free.
-WITH sealed AS (
-    UPDATE connection_runs
-       SET status = %(status)s, finished_at = now(), lease_owner = NULL,
-           lease_expires_at = NULL, results = %(results)s, error = %(error)s,
-           processed_units = coalesce(%(processed_units)s, processed_units)
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
-    RETURNING id, connection_id
-), disconnected AS (
-    UPDATE connections c
-       SET status = 'disconnected', updated_at = now()
-      FROM sealed
-     WHERE c.id = sealed.connection_id AND %(disconnect)s AND c.status = 'active'
-    RETURNING 1
-), attempt AS (
-    UPDATE run_attempts
-       SET finished_at = clock_timestamp(), outcome = %(status)s, error = %(error)s, results = %(results)s
-     WHERE lease_owner = %(lease_owner)s AND EXISTS (SELECT 1 FROM sealed)
-), woken AS (
-    SELECT pg_notify(notify_channel(), 'finished') FROM sealed
-)
-SELECT (SELECT count(*) FROM sealed) AS sealed, (SELECT count(*) FROM woken) AS woken,
-       (SELECT count(*) FROM disconnected) AS disconnected;
+-- Seals a run (see finish_run() in 0002_queue_functions.sql). Fenced: a stale owner's finish
+-- matches nothing and returns false.
+SELECT finish_run(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
+                  %(processed_units)s, %(disconnect)s) AS sealed;
+
+-- name: finish_and_claim
+-- The worker loop's one round trip between two runs: seals the run it just executed, then
+-- claims the next (see finish_and_claim()). Returns whether the finish sealed, and the claimed
+-- run (all NULL when there is none) with the same extras as claim_run.
+SELECT f.sealed, (f.claimed).*, c.name AS connection_name,
+       c.status AS connection_status, c.config, c.credentials,
+       (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
+         WHERE s.connection_id = (f.claimed).connection_id AND s.cursor IS NOT NULL) AS cursors
+  FROM finish_and_claim(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
+                        %(processed_units)s, %(disconnect)s, %(worker_id)s, %(lease)s) f
+  LEFT JOIN connections c ON c.id = (f.claimed).connection_id;
 
 -- name: requeue_run
 -- Hands a failed attempt's run back to the queue as the same row, due after the delay, keeping

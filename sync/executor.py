@@ -9,7 +9,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -235,8 +235,10 @@ class Executor:
         self.current: AbortSignal | None = None
         self._seen_keys_left = False
 
-    def execute(self, run: ClaimedRun) -> Outcome:
-        """Run one claimed run to its end and apply the outcome. Returns what was decided."""
+    def execute(self, run: ClaimedRun, *, claim_next: bool = False) -> ClaimedRun | None:
+        """Run one claimed run to its end and apply the outcome. With ``claim_next``, a run that
+        finishes is sealed and the next run claimed in one round trip; that run is returned (it
+        is running under this worker's lease, to be executed next)."""
         abort = AbortSignal()
         budget = BudgetView()
         logger = logging.LoggerAdapter(
@@ -258,8 +260,7 @@ class Executor:
             else:
                 outcome, results = self._sync(run, abort, budget, logger)
                 processed = None
-            self._apply(run, outcome, results, processed, logger)
-            return outcome
+            return self._apply(run, outcome, results, processed, logger, claim_next=claim_next)
         finally:
             self._keeper.release()
             self.current = None
@@ -531,10 +532,12 @@ class Executor:
         results: dict[str, TableResult],
         processed: int | None,
         logger: logging.LoggerAdapter[logging.Logger],
-    ) -> None:
+        *,
+        claim_next: bool,
+    ) -> ClaimedRun | None:
         if outcome.action is Action.STOP:
             logger.warning("stopped: the lease was lost, so this attempt writes nothing more")
-            return
+            return None
         sealed_results = {name: r.to_json() for name, r in results.items()}
         if outcome.action is Action.FINISH and outcome.status == "failed":
             for value in sealed_results.values():
@@ -547,7 +550,9 @@ class Executor:
             "error": Jsonb(outcome.error) if outcome.error else None,
         }
 
-        def write() -> str | None:
+        claimed: list[ClaimedRun] = []
+
+        def write(fold: bool) -> str | None:
             with self._pool.connection() as conn:
                 if outcome.action is Action.HAND_BACK:
                     row = conn.execute(QUERIES.hand_back_run, params).fetchone()
@@ -557,15 +562,22 @@ class Executor:
                         QUERIES.requeue_run, {**params, "delay_seconds": outcome.delay}
                     ).fetchone()
                     return row["status"] if row else None
-                row = conn.execute(
-                    QUERIES.finish_run,
-                    {
-                        **params,
-                        "status": outcome.status,
-                        "processed_units": processed,
-                        "disconnect": (outcome.error or {}).get("kind") == "auth",
-                    },
-                ).fetchone()
+                finish = {
+                    **params,
+                    "status": outcome.status,
+                    "processed_units": processed,
+                    "disconnect": (outcome.error or {}).get("kind") == "auth",
+                }
+                if fold:
+                    finish.update(
+                        worker_id=self._worker_id,
+                        lease=timedelta(seconds=self._settings.lease_seconds),
+                    )
+                    row = conn.execute(QUERIES.finish_and_claim, finish).fetchone()
+                    if row is not None and row["id"] is not None:
+                        claimed.append(ClaimedRun.from_row(row))
+                else:
+                    row = conn.execute(QUERIES.finish_run, finish).fetchone()
                 return outcome.status if row and row["sealed"] else None
 
         for attempt in Retrying(
@@ -575,13 +587,16 @@ class Executor:
             reraise=True,
         ):
             with attempt:
-                ended = write()
+                # A retry never claims: if the first try committed and only its answer was
+                # lost, a second claim would strand the first claimed run until its lease ends.
+                ended = write(claim_next and attempt.retry_state.attempt_number == 1)
         if ended is None:
             logger.warning("the lease was lost before the run could be %s", outcome.action.value)
         elif outcome.action is Action.REQUEUE and ended == "queued":
             logger.info("requeued to retry in %.1f s: %s", outcome.delay or 0, outcome.error)
         else:
             logger.info("run ended %s", ended)
+        return claimed[0] if claimed else None
 
     def _save_results(
         self, run: ClaimedRun, results: dict[str, TableResult], abort: AbortSignal

@@ -22,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 from psycopg_pool import PoolTimeout
 
 from sync.db import Pool, connect, first_line
@@ -133,6 +134,8 @@ class Worker:
         self._wake = threading.Event()
         self._running = False
         self._stop_requested = False
+        self._continuous = False  # run() sets it: finish-and-claim in one round trip
+        self._prefetched: ClaimedRun | None = None
         self._heartbeat_lock = threading.Lock()
         self._keeper = LeaseKeeper(pool, settings, on_tick=self._heartbeat_if_due)
         self._listener = Listener(settings, url, self._wake) if listen else None
@@ -185,6 +188,7 @@ class Worker:
         if install_signals:
             self._install_signal_handlers()
         self._running = True
+        self._continuous = not once
         if self._listener is not None and not once:
             self._listener.start()
         log.info("worker %s started", self.id)
@@ -213,6 +217,10 @@ class Worker:
 
     def close(self) -> None:
         self._running = False
+        try:
+            self._hand_back_prefetched()
+        except Exception as exc:  # its lease expires and another worker takes it
+            log.warning("could not hand back the run claimed last: %s", first_line(exc))
         if self._listener is not None:
             self._listener.stop()
         self._keeper.stop()
@@ -276,22 +284,41 @@ class Worker:
     def _claim_and_execute(self) -> bool:
         if self._stop_requested:
             return False
-        with self._pool.connection() as conn:
-            row = conn.execute(
-                QUERIES.claim_run,
-                {"worker_id": self.id, "lease": timedelta(seconds=self.settings.lease_seconds)},
-            ).fetchone()
-        if row is None:
-            return False
-        run = ClaimedRun.from_row(row)
+        run, self._prefetched = self._prefetched, None
+        if run is None:
+            with self._pool.connection() as conn:
+                row = conn.execute(
+                    QUERIES.claim_run,
+                    {"worker_id": self.id, "lease": timedelta(seconds=self.settings.lease_seconds)},
+                ).fetchone()
+            if row is None:
+                return False
+            run = ClaimedRun.from_row(row)
         self._current_run_id = run.id
         self._last_heartbeat = float("-inf")  # say what we run on the next heartbeat
         try:
-            self._executor.execute(run)
+            # In the loop, the finish of this run claims the next one in the same round trip;
+            # a bare poll() (tests, `worker --once`) leaves nothing claimed behind it.
+            self._prefetched = self._executor.execute(
+                run, claim_next=self._continuous and not self._stop_requested
+            )
         finally:
             self._current_run_id = None
             self.runs_executed += 1
         return True
+
+    def _hand_back_prefetched(self) -> None:
+        """A run claimed with the last finish but not started: back to the queue, no attempt
+        spent."""
+        run, self._prefetched = self._prefetched, None
+        if run is None:
+            return
+        with self._pool.connection(timeout=5) as conn:
+            conn.execute(
+                QUERIES.hand_back_run,
+                {"run_id": run.id, "lease_owner": run.lease_owner, "results": Jsonb(run.results)},
+            )
+        log.info("handed back run %d, claimed but not started", run.id)
 
     def _sweep(self) -> bool:
         now = time.monotonic()

@@ -86,3 +86,31 @@ def test_heartbeats_continue_while_a_run_executes(schema: str, admin: Any) -> No
         finally:
             thread.join(30)
         assert engine.run(run.id).status == "succeeded"
+
+
+def test_in_the_loop_a_finish_claims_the_next_run_in_the_same_round_trip(engine: Engine) -> None:
+    key, _ = new_dataset(items=items(1))
+    ws = engine.create_workspace("acme")
+    first, second, third = (
+        engine.create_connection(ws.id, name, provider, config={"dataset": key})
+        for name, provider in (("a", "memory"), ("b", "memory_events"), ("c", "memory"))
+    )
+    runs = [engine.sync(c.id) for c in (first, second, third)]
+    worker = engine.worker(listen=False)
+    worker._continuous = True  # what run() sets
+
+    assert worker.poll()
+    assert engine.run(runs[0].id).status == "succeeded"
+    prefetched = engine.run(runs[1].id)
+    assert prefetched.status == "running" and prefetched.worker_id == worker.id
+    assert engine.run(runs[2].id).status == "queued"
+
+    assert worker.poll()  # executes the prefetched run, and claims the third as it finishes
+    assert engine.run(runs[1].id).status == "succeeded"
+    assert engine.run(runs[1].id).attempts == 1
+    assert engine.run(runs[2].id).status == "running"
+
+    worker.close()  # the claimed-but-not-started run goes back without spending an attempt
+    back = engine.run(runs[2].id)
+    assert back.status == "queued" and back.attempts == 0
+    assert [a.outcome for a in engine.attempts(back.id)] == ["handed_back"]
