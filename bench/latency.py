@@ -269,8 +269,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, help="samples per notified system (default 100)")
     parser.add_argument("--no-peers", action="store_true")
     args = parser.parse_args()
-    n = args.samples or (15 if args.quick else 100)
-    n_slow = max(5, n // 4)  # polling at 2 s costs about two seconds a sample
+    n = args.samples or (10 if args.quick else 100)
+    # Polling at 2 s costs about two seconds a sample.
+    n_slow = 3 if args.quick else max(5, n // 4)
 
     with scratch_database("latency") as url:
         console.print(
