@@ -274,7 +274,9 @@ def round_trips(trace_dir: Path) -> Counter[str]:
     return counts
 
 
-def count_round_trips(url: str, provider: str, runs: int) -> tuple[int, Counter[str]]:
+def count_round_trips(
+    url: str, provider: str, runs: int, extra: list[str] | None = None
+) -> tuple[int, Counter[str]]:
     with connect(url) as conn:
         conn.execute(
             "UPDATE connections SET status = 'paused' WHERE provider = %s AND id NOT IN "
@@ -284,7 +286,7 @@ def count_round_trips(url: str, provider: str, runs: int) -> tuple[int, Counter[
         n = conn.execute(ENQUEUE_ALL, {"provider": provider}).rowcount
     trace_dir = Path(tempfile.mkdtemp(prefix="bench-trace-"))
     try:
-        procs = start_workers(url, 1, ["--trace", str(trace_dir)])
+        procs = start_workers(url, 1, ["--trace", str(trace_dir), *(extra or [])])
         _go(procs)
         procs[0].stdout.readline()
         procs[0].wait(timeout=60)
@@ -357,6 +359,15 @@ def main() -> None:
                 lambda: drain_ours(url, "bench_no_tables", 1),
             )
         )
+        # The production loop (Worker.run(), listen=False), which may do what a bare poll()
+        # may not, such as finishing one run and claiming the next in one round trip.
+        tasks.extend(
+            (
+                Result("connector-sync", "Worker.run() loop, 1 empty table", p, ours=True),
+                lambda p=p: drain_ours(url, "bench_noop", p, ["--loop"]),  # type: ignore[misc]
+            )
+            for p in (1, 2)
+        )
         for form, (claim_sql, finish_sql) in BARE_FORMS.items():
             tasks.append(
                 (
@@ -372,10 +383,15 @@ def main() -> None:
         trace_runs = min(n, 200)
         traced, trips = count_round_trips(url, "bench_noop", trace_runs)
         traced0, trips0 = count_round_trips(url, "bench_no_tables", trace_runs)
+        traced1, trips1 = count_round_trips(url, "bench_noop", trace_runs, ["--loop"])
 
     report(results, n, repeat)
     report_round_trips(
-        {"1 empty table": (traced, trips), "zero tables": (traced0, trips0)},
+        {
+            "1 empty table": (traced, trips),
+            "zero tables": (traced0, trips0),
+            "1 empty table, run() loop": (traced1, trips1),
+        },
     )
 
 

@@ -2,9 +2,10 @@
 ``python -m bench.worker --url URL --mode drain|serve``.
 
 ``drain``: prints ``READY``, waits for a line on stdin (so several processes start together),
-then calls ``Worker.poll()`` until the queue is empty and prints one JSON line: runs executed,
-wall-clock span, peak RSS. ``serve``: the normal ``Worker.run()`` loop (LISTEN/NOTIFY unless
-``--no-listen``) until SIGTERM.
+then calls ``Worker.poll()`` until the queue is empty (or, with ``--loop``, runs the production
+loop ``Worker.run()`` until no run finishes for half a second) and prints one JSON line: runs
+executed, wall-clock span, peak RSS. ``serve``: the normal ``Worker.run()`` loop
+(LISTEN/NOTIFY unless ``--no-listen``) until SIGTERM.
 
 ``--trace DIR`` turns on libpq's protocol trace for every connection the worker opens, so
 bench/claim.py can count the round trips a run costs (each ReadyForQuery ends one).
@@ -18,6 +19,7 @@ import logging
 import os
 import resource
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,21 @@ def _install_tracing(directory: Path) -> None:
     sync.db.Connection = TracedConnection  # type: ignore[misc]
 
 
+def _drain_with_run(worker: Any) -> float:
+    """Drive the production loop, ``Worker.run()``, in a thread until no run has finished for
+    half a second, then stop it. Returns when the last run ended (wall clock)."""
+    thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    count, changed = 0, time.time()
+    while time.time() - changed < 0.5:
+        time.sleep(0.02)
+        if worker.runs_executed != count:
+            count, changed = worker.runs_executed, time.time()
+    worker.stop()
+    thread.join(timeout=30)
+    return changed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
@@ -59,6 +76,9 @@ def main() -> None:
     parser.add_argument("--poll-interval", type=float, default=2.0)
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--idle-polls", type=int, default=3)
+    parser.add_argument(
+        "--loop", action="store_true", help="drain with Worker.run() instead of poll() calls"
+    )
     parser.add_argument("--trace", type=Path)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -78,17 +98,20 @@ def main() -> None:
         print("READY", flush=True)
         sys.stdin.readline()
         started = time.time()
-        last = started
-        idle = 0
-        while idle < args.idle_polls:
-            if worker.poll():
-                idle = 0
-                last = time.time()
-            else:
-                idle += 1
-                time.sleep(0.001)
+        if args.loop:
+            last = _drain_with_run(worker)
+        else:
+            last = started
+            idle = 0
+            while idle < args.idle_polls:
+                if worker.poll():
+                    idle = 0
+                    last = time.time()
+                else:
+                    idle += 1
+                    time.sleep(0.001)
+            worker.close()
         executed = worker.runs_executed
-        worker.close()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(
         json.dumps(
