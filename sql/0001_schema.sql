@@ -61,6 +61,14 @@ CREATE TABLE connection_runs (
     CHECK ((status = 'running') = (lease_expires_at IS NOT NULL))
 );
 
+-- The queue's rows churn (queued, running, finished); vacuum it by the thousand, not at the
+-- default 20 % of a table that keeps all history, so the claim's partial index never carries
+-- hundreds of thousands of dead entries.
+ALTER TABLE connection_runs SET (
+    autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000,
+    autovacuum_analyze_scale_factor = 0, autovacuum_analyze_threshold = 5000
+);
+
 -- At most one queued/running run per connection: makes enqueue idempotent.
 CREATE UNIQUE INDEX connection_runs_one_active ON connection_runs (connection_id)
     WHERE status IN ('queued', 'running');

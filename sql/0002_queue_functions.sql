@@ -80,6 +80,9 @@ $$;
 CREATE FUNCTION claim_run(p_worker_id text, p_lease interval)
 RETURNS SETOF connection_runs
 LANGUAGE plpgsql
+-- One row at most: without this the planner assumes 1,000 and hashes all of `connections` to
+-- join the claimed run to its connection.
+ROWS 1
 SET search_path FROM CURRENT
 AS $$
 DECLARE
@@ -213,7 +216,11 @@ BEGIN
         UPDATE connections SET status = 'disconnected', updated_at = now()
          WHERE id = v_connection AND status = 'active';
     END IF;
-    PERFORM pg_notify(notify_channel(), 'finished');
+    -- Only a worker idle behind this run's lane can use a wake-up: none if nothing is due.
+    IF EXISTS (SELECT 1 FROM connection_runs
+                WHERE status IN ('queued', 'waiting') AND queued_at <= now()) THEN
+        PERFORM pg_notify(notify_channel(), 'finished');
+    END IF;
     RETURN true;
 END
 $$;
@@ -227,6 +234,7 @@ CREATE FUNCTION finish_and_claim(p_run_id bigint, p_lease_owner uuid, p_status t
                                  p_disconnect boolean, p_worker_id text, p_lease interval)
 RETURNS TABLE (sealed boolean, claimed connection_runs)
 LANGUAGE plpgsql
+ROWS 1
 SET search_path FROM CURRENT
 AS $$
 DECLARE
@@ -238,6 +246,61 @@ BEGIN
     claimed := v_next;
     RETURN NEXT;
 END
+$$;
+
+
+-- tombstone_unseen: one bounded step of a full table's tombstone pass. It takes the next p_limit
+-- stored rows of the table after p_after, in key order, and tombstones the live ones that this
+-- attempt neither wrote (written_by) nor saw unchanged (an anti-join against run_seen_keys).
+-- Invariants: fenced; bounded, so the run row is share-locked only briefly and lease renewals
+-- interleave with a pass over millions of rows; linear, because nested loops are off for it: with
+-- no statistics on run_seen_keys (scratch space, refilled by every run) the planner otherwise
+-- picks a nested-loop anti-join that rescans every seen key for every stored row. The step that
+-- reaches the end of the table stamps last_full_sync_at.
+CREATE FUNCTION tombstone_unseen(p_run_id bigint, p_lease_owner uuid, p_connection_id bigint,
+                                 p_table text, p_after text, p_limit integer)
+RETURNS TABLE (fenced boolean, last_key text, scanned bigint, tombstoned bigint)
+LANGUAGE sql
+SET search_path FROM CURRENT
+SET enable_nestloop = off
+-- The cost penalty that turns nested loops off would otherwise trip JIT compilation (0.4 s).
+SET jit = off
+AS $$
+    WITH fence AS (
+        SELECT id FROM connection_runs
+         WHERE id = p_run_id AND lease_owner = p_lease_owner AND status = 'running'
+           AND lease_expires_at > now()
+           FOR SHARE
+    ), span AS (
+        SELECT external_id FROM records
+         WHERE connection_id = p_connection_id AND table_name = p_table
+           AND external_id > p_after
+         ORDER BY external_id
+         LIMIT p_limit
+    ), bounds AS (
+        SELECT max(external_id) AS hi, count(*) AS n FROM span
+    ), gone AS (
+        UPDATE records r
+           SET deleted_at = now(), updated_at = now(), written_by = p_lease_owner
+          FROM bounds
+         WHERE r.connection_id = p_connection_id AND r.table_name = p_table
+           AND r.external_id > p_after AND r.external_id <= bounds.hi
+           AND r.deleted_at IS NULL AND r.written_by <> p_lease_owner
+           AND EXISTS (SELECT 1 FROM fence)
+           AND NOT EXISTS (SELECT 1 FROM run_seen_keys k
+                            WHERE k.lease_owner = p_lease_owner AND k.table_name = p_table
+                              AND k.external_id > p_after AND k.external_id <= bounds.hi
+                              AND k.external_id = r.external_id)
+        RETURNING 1
+    ), stamped AS (
+        INSERT INTO table_state (connection_id, table_name, last_full_sync_at)
+        SELECT p_connection_id, p_table, now() FROM fence, bounds WHERE bounds.n < p_limit
+        ON CONFLICT (connection_id, table_name) DO UPDATE
+           SET last_full_sync_at = now(), updated_at = now()
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM fence), (SELECT hi FROM bounds), (SELECT n FROM bounds),
+           (SELECT count(*) FROM gone)
 $$;
 
 

@@ -241,24 +241,31 @@ SELECT (SELECT count(*) FROM advanced) AS due, (SELECT count(*) FROM queued) AS 
 -- hashes in one indexed join *before* the upsert, so they are never locked, rewritten or logged.
 -- New, changed and tombstoned-then-seen-again rows are upserted; the keys of unchanged rows go to
 -- run_seen_keys for the tombstone anti-join. Fenced by the progress update of the run row.
+-- The arrays travel in binary (the `b` placeholders): text-format quoting of a thousand 1 KB
+-- strings costs more than the rest of the write. The lookup is a LATERAL probe with LIMIT 1, so
+-- it stays one index probe per incoming key whatever the statistics say (a hash join over all
+-- of a connection's rows, once per batch, is what an unanalysed table invites).
 WITH fence AS (
     UPDATE connection_runs
-       SET processed_units = processed_units + cardinality(%(external_ids)s::text[])
+       SET processed_units = processed_units + cardinality(%(external_ids)b::text[])
      WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
        AND lease_expires_at > now()
     RETURNING id
 ), incoming AS (
     SELECT i.external_id, i.data, i.content_hash
-      FROM unnest(%(external_ids)s::text[], %(datas)s::text[], %(hashes)s::bytea[])
+      FROM unnest(%(external_ids)b::text[], %(datas)b::text[], %(hashes)b::bytea[])
            AS i(external_id, data, content_hash)
 ), compared AS (
     SELECT i.external_id, i.data, i.content_hash,
-           s.external_id IS NOT NULL AND s.content_hash = i.content_hash
-           AND s.deleted_at IS NULL AS unchanged
+           coalesce(s.content_hash = i.content_hash AND s.deleted_at IS NULL, false)
+           AS unchanged
       FROM incoming i
-      LEFT JOIN records s
-        ON s.connection_id = %(connection_id)s AND s.table_name = %(table_name)s
-       AND s.external_id = i.external_id
+      LEFT JOIN LATERAL (
+          SELECT content_hash, deleted_at FROM records
+           WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s
+             AND external_id = i.external_id
+           LIMIT 1
+      ) s ON true
 ), written AS (
     INSERT INTO records AS r (connection_id, table_name, external_id, data, content_hash,
                               written_by)
@@ -293,46 +300,23 @@ WITH fence AS (
     UPDATE records
        SET deleted_at = now(), updated_at = now(), written_by = %(lease_owner)s
      WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s
-       AND external_id = ANY (%(external_ids)s::text[]) AND deleted_at IS NULL
+       AND external_id = ANY (%(external_ids)b::text[]) AND deleted_at IS NULL
        AND EXISTS (SELECT 1 FROM fence)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM gone) AS tombstoned;
 
--- name: complete_full_table
--- After a `full` table was read completely: tombstones its live rows that this attempt neither
--- wrote nor saw unchanged (an anti-join against run_seen_keys; seen rows are not touched), stamps
--- last_full_sync_at and clears the attempt's seen keys. Fenced. All parts share one snapshot, so
--- the anti-join still sees the keys the same statement clears.
-WITH fence AS (
-    SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
-       FOR SHARE
-), gone AS (
-    UPDATE records r
-       SET deleted_at = now(), updated_at = now(), written_by = %(lease_owner)s
-     WHERE r.connection_id = %(connection_id)s AND r.table_name = %(table_name)s
-       AND r.deleted_at IS NULL AND r.written_by <> %(lease_owner)s
-       AND EXISTS (SELECT 1 FROM fence)
-       AND NOT EXISTS (SELECT 1 FROM run_seen_keys k
-                        WHERE k.lease_owner = %(lease_owner)s AND k.table_name = %(table_name)s
-                          AND k.external_id = r.external_id)
-    RETURNING 1
-), stamped AS (
-    INSERT INTO table_state (connection_id, table_name, last_full_sync_at)
-    SELECT %(connection_id)s, %(table_name)s, now() FROM fence
-    ON CONFLICT (connection_id, table_name) DO UPDATE
-       SET last_full_sync_at = now(), updated_at = now()
-    RETURNING 1
-), cleared AS (
-    DELETE FROM run_seen_keys
-     WHERE lease_owner = %(lease_owner)s AND table_name = %(table_name)s
-       AND EXISTS (SELECT 1 FROM fence)
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM gone) AS tombstoned,
-       (SELECT count(*) FROM stamped) AS stamped, (SELECT count(*) FROM cleared) AS cleared;
+-- name: tombstone_unseen
+-- One bounded step of a `full` table's tombstone pass, after the table was read completely (see
+-- tombstone_unseen() in 0002_queue_functions.sql). Fenced. The last step stamps
+-- last_full_sync_at.
+SELECT * FROM tombstone_unseen(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
+                               %(after)s, %(limit)s);
+
+-- name: clear_table_seen_keys
+-- Drops the seen keys of one table once its tombstone pass is done. Not fenced: they are this
+-- attempt's scratch space, and no one else reads them.
+DELETE FROM run_seen_keys WHERE lease_owner = %(lease_owner)s AND table_name = %(table_name)s;
 
 -- name: save_cursor
 -- Saves an incremental table's cursor, after the batch it covers was written. Fenced.

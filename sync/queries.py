@@ -42,10 +42,13 @@ def parse(source: str) -> dict[str, NamedQuery]:
 class _Queries:
     def __init__(self) -> None:
         self._by_name = parse((sql_dir() / "queries.sql").read_text())
+        # One object per query for the life of the process, so psycopg's cache of converted
+        # queries hits instead of converting the text again on every call.
+        self._compiled = {name: query.sql for name, query in self._by_name.items()}
 
     def __getattr__(self, name: str) -> sql.SQL:
         try:
-            return self._by_name[name].sql
+            return self._compiled[name]
         except KeyError:
             raise AttributeError(f"no query named {name!r} in queries.sql") from None
 

@@ -1,9 +1,10 @@
 """The record writer: turns what a table read yields into fenced, batched writes.
 
-Per batch, one statement (``write_record_batch``) compares content hashes with the stored ones in
-an indexed join and upserts only new, changed or revived rows; unchanged rows are never sent to
-the upsert, so they cost no lock, no tuple version and no WAL. A ``full`` table read completely
-ends with ``complete_full_table``, which tombstones the rows this attempt did not see.
+Per batch, one statement (``write_record_batch``) compares content hashes with the stored ones,
+one index probe per key, and upserts only new, changed or revived rows; unchanged rows are never
+sent to the upsert, so they cost no lock, no tuple version and no WAL. A ``full`` table read
+completely ends with ``tombstone_unseen`` steps, which tombstone the rows this attempt did not
+see.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from sync.errors import LeaseLost
 from sync.queries import QUERIES
 
 TRANSIENT_RETRIES = 5
+TOMBSTONE_STEP = 10_000  # stored rows per step of the tombstone pass
 
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
@@ -110,6 +112,7 @@ class RecordWriter:
         # Tombstone unseen rows at the end: always for a full table; for an incremental one
         # once the provider asked for a resync.
         self._full = table.mode is Mode.FULL
+        self._seen_keys = 0  # keys this table put in run_seen_keys, to clear when it completes
         self.counts = WriteCounts()
 
     def write(self, item: Any) -> None:
@@ -169,6 +172,7 @@ class RecordWriter:
             )
             self.counts.upserted += row["upserted"]
             self.counts.unchanged += row["unchanged"]
+            self._seen_keys += row["seen"]
             self._records.clear()
         if self._deletions:
             row = self._one(QUERIES.tombstone_ids, external_ids=sorted(self._deletions))
@@ -177,12 +181,23 @@ class RecordWriter:
 
     def complete(self) -> None:
         """The table was read to its end: flush, and for a ``full`` table tombstone the rows
-        this attempt did not see."""
+        this attempt did not see, in bounded steps (each its own short fenced statement)."""
         self.flush()
-        if self._full:
+        if not self._full:
+            return
+        after = ""
+        while True:
             self._abort.check()
-            row = self._one(QUERIES.complete_full_table)
+            row = self._one(QUERIES.tombstone_unseen, after=after, limit=TOMBSTONE_STEP)
             self.counts.tombstoned += row["tombstoned"]
+            if row["scanned"] < TOMBSTONE_STEP:
+                break
+            after = row["last_key"]
+        if self._seen_keys:
+            self._conn.execute(
+                QUERIES.clear_table_seen_keys,
+                {"lease_owner": self._lease.lease_owner, "table_name": self._table.name},
+            )
 
     def _save_cursor(self, cursor: Any) -> None:
         self._abort.check()

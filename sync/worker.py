@@ -8,6 +8,7 @@ loops ``poll(); wait(poll_interval)``, woken early by LISTEN/NOTIFY. Tests call 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -41,6 +42,7 @@ MAX_BACKOFF = 30.0  # the longest idle wait while the database keeps failing
 SCHEDULE_EVERY = 1.0  # seconds between scans for due schedules
 
 
+@functools.cache
 def _version() -> str:
     try:
         return version("connector-sync")
@@ -294,8 +296,7 @@ class Worker:
             if row is None:
                 return False
             run = ClaimedRun.from_row(row)
-        self._current_run_id = run.id
-        self._last_heartbeat = float("-inf")  # say what we run on the next heartbeat
+        self._current_run_id = run.id  # the next heartbeat says so
         try:
             # In the loop, the finish of this run claims the next one in the same round trip;
             # a bare poll() (tests, `worker --once`) leaves nothing claimed behind it.

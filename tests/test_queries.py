@@ -9,7 +9,7 @@ import pytest
 
 from sync.queries import QUERIES, parse
 
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+_PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")
 
 
 def test_parse_splits_names_docs_and_text() -> None:
