@@ -84,6 +84,12 @@ LANGUAGE plpgsql
 -- join the claimed run to its connection.
 ROWS 1
 SET search_path FROM CURRENT
+-- The candidate must come from walking connection_runs_claimable in order, stopping at the first
+-- claimable row. Without statistics (a fresh or just-filled queue) the planner would otherwise
+-- bitmap-scan every due run and sort them, on every claim: O(queue) instead of O(1).
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET jit = off
 AS $$
 DECLARE
     candidate connection_runs;
@@ -260,25 +266,29 @@ $$;
 CREATE FUNCTION tombstone_unseen(p_run_id bigint, p_lease_owner uuid, p_connection_id bigint,
                                  p_table text, p_after text, p_limit integer)
 RETURNS TABLE (fenced boolean, last_key text, scanned bigint, tombstoned bigint)
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET enable_nestloop = off
 -- The cost penalty that turns nested loops off would otherwise trip JIT compilation (0.4 s).
 SET jit = off
 AS $$
+BEGIN
+    -- An intermediate write of a run: see "Durability" in docs/architecture.md.
+    PERFORM set_config('synchronous_commit', 'off', true);
+    RETURN QUERY
     WITH fence AS (
-        SELECT id FROM connection_runs
-         WHERE id = p_run_id AND lease_owner = p_lease_owner AND status = 'running'
-           AND lease_expires_at > now()
+        SELECT r.id FROM connection_runs r
+         WHERE r.id = p_run_id AND r.lease_owner = p_lease_owner AND r.status = 'running'
+           AND r.lease_expires_at > now()
            FOR SHARE
     ), span AS (
-        SELECT external_id FROM records
-         WHERE connection_id = p_connection_id AND table_name = p_table
-           AND external_id > p_after
-         ORDER BY external_id
+        SELECT s.external_id FROM records s
+         WHERE s.connection_id = p_connection_id AND s.table_name = p_table
+           AND s.external_id > p_after
+         ORDER BY s.external_id
          LIMIT p_limit
     ), bounds AS (
-        SELECT max(external_id) AS hi, count(*) AS n FROM span
+        SELECT max(span.external_id) AS hi, count(*) AS n FROM span
     ), gone AS (
         UPDATE records r
            SET deleted_at = now(), updated_at = now(), written_by = p_lease_owner
@@ -299,8 +309,9 @@ AS $$
            SET last_full_sync_at = now(), updated_at = now()
         RETURNING 1
     )
-    SELECT EXISTS (SELECT 1 FROM fence), (SELECT hi FROM bounds), (SELECT n FROM bounds),
-           (SELECT count(*) FROM gone)
+    SELECT EXISTS (SELECT 1 FROM fence), (SELECT b.hi FROM bounds b),
+           (SELECT b.n FROM bounds b), (SELECT count(*) FROM gone);
+END
 $$;
 
 

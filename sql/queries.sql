@@ -245,7 +245,10 @@ SELECT (SELECT count(*) FROM advanced) AS due, (SELECT count(*) FROM queued) AS 
 -- strings costs more than the rest of the write. The lookup is a LATERAL probe with LIMIT 1, so
 -- it stays one index probe per incoming key whatever the statistics say (a hash join over all
 -- of a connection's rows, once per batch, is what an unanalysed table invites).
-WITH fence AS (
+WITH async AS (
+    -- An intermediate write of a run: see "Durability" in docs/architecture.md.
+    SELECT set_config('synchronous_commit', 'off', true)
+), fence AS (
     UPDATE connection_runs
        SET processed_units = processed_units + cardinality(%(external_ids)b::text[])
      WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
@@ -284,14 +287,17 @@ WITH fence AS (
      WHERE unchanged AND %(track_seen)s AND EXISTS (SELECT 1 FROM fence)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM fence) AS fenced,
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM async) AS async,
        (SELECT count(*) FROM written) AS upserted,
        (SELECT count(*) FROM seen) AS seen,
        (SELECT count(*) FROM compared WHERE unchanged) AS unchanged;
 
 -- name: tombstone_ids
--- Tombstones the rows an incremental table reports deleted upstream. Fenced.
-WITH fence AS (
+-- Tombstones the rows an incremental table reports deleted upstream. Fenced; committed
+-- asynchronously like every intermediate write of a run.
+WITH async AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+), fence AS (
     SELECT id FROM connection_runs
      WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
        AND lease_expires_at > now()
@@ -304,7 +310,8 @@ WITH fence AS (
        AND EXISTS (SELECT 1 FROM fence)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM gone) AS tombstoned;
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM gone) AS tombstoned,
+       (SELECT count(*) FROM async) AS async;
 
 -- name: tombstone_unseen
 -- One bounded step of a `full` table's tombstone pass, after the table was read completely (see
@@ -319,15 +326,19 @@ SELECT * FROM tombstone_unseen(%(run_id)s, %(lease_owner)s, %(connection_id)s, %
 DELETE FROM run_seen_keys WHERE lease_owner = %(lease_owner)s AND table_name = %(table_name)s;
 
 -- name: save_cursor
--- Saves an incremental table's cursor, after the batch it covers was written. Fenced.
-WITH fence AS (
+-- Saves an incremental table's cursor, after the batch it covers was written. Fenced; committed
+-- asynchronously: the WAL keeps it after its batch, so a crash can lose the cursor but never
+-- keep it without its records.
+WITH async AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+), fence AS (
     SELECT id FROM connection_runs
      WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
        AND lease_expires_at > now()
        FOR SHARE
 )
 INSERT INTO table_state (connection_id, table_name, cursor)
-SELECT %(connection_id)s, %(table_name)s, %(cursor)s FROM fence
+SELECT %(connection_id)s, %(table_name)s, %(cursor)s FROM fence, async
 ON CONFLICT (connection_id, table_name) DO UPDATE
    SET cursor = EXCLUDED.cursor, updated_at = now()
 RETURNING 1;

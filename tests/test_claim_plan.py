@@ -65,3 +65,24 @@ def test_the_claim_uses_its_partial_index_with_100k_finished_runs(
     # 100,000 rows.
     assert outer["Actual Rows"] + outer.get("Rows Removed by Filter", 0) <= 5
     assert outer["Shared Hit Blocks"] + outer["Shared Read Blocks"] < 20
+
+
+def test_a_full_queue_without_statistics_is_walked_in_order_not_sorted(
+    engine: Engine, admin: Any
+) -> None:
+    """A queue filled a moment ago has no statistics yet. The claim must still stop at the
+    first claimable run of its index instead of sorting every due run on each call."""
+    admin.execute(
+        "INSERT INTO workspaces (name) SELECT 'ws' || g FROM generate_series(1, 50) g;"
+        "INSERT INTO connections (workspace_id, name, provider) "
+        "SELECT 1 + g % 50, 'c' || g, 'memory' FROM generate_series(1, 3000) g;"
+        "INSERT INTO connection_runs (connection_id, workspace_id, provider, status) "
+        "SELECT id, workspace_id, provider, 'queued' FROM connections"
+    )
+    plans = plans_of_claim(admin)
+    candidate = next(p for p in plans if "SKIP LOCKED" in p["Query Text"])
+    found = nodes(candidate["Plan"])
+    assert not any(n["Node Type"] == "Sort" for n in found), json.dumps(candidate, indent=1)
+    scans = [n for n in found if n.get("Relation Name") == "connection_runs"]
+    assert scans[0]["Index Name"] == "connection_runs_claimable"
+    assert scans[0]["Actual Rows"] <= 5  # not 3,000
