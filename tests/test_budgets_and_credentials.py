@@ -175,6 +175,21 @@ def rotating_token_endpoint(respx_mock: respx.MockRouter, spent: list[str]) -> N
     respx_mock.post(TOKEN_URL).mock(side_effect=token)
 
 
+def rotating_connection(engine: Engine) -> Any:
+    """A connection whose only credential so far is refresh token rt-0."""
+    ws = engine.create_workspace("acme")
+    return engine.create_connection(
+        ws.id,
+        "r",
+        "rotating",
+        credentials={
+            "client_id": "cid-123456",
+            "client_secret": "secret-123456",
+            "refresh_token": "rt-0",
+        },
+    )
+
+
 def context_for(engine: Engine, claimed: dict[str, Any]) -> RunContext:
     """The context a worker would give the connector for this claim."""
     return RunContext(
@@ -244,17 +259,7 @@ def test_a_stale_claim_never_spends_the_refresh_token(
 ) -> None:
     spent: list[str] = []
     rotating_token_endpoint(respx_mock, spent)
-    ws = engine.create_workspace("acme")
-    conn = engine.create_connection(
-        ws.id,
-        "r",
-        "rotating",
-        credentials={
-            "client_id": "cid-123456",
-            "client_secret": "secret-123456",
-            "refresh_token": "rt-0",
-        },
-    )
+    conn = rotating_connection(engine)
     engine.sync(conn.id)
     stale_row = claim(engine, "worker-a")
     admin.execute("UPDATE connection_runs SET lease_expires_at = now() - interval '1 second'")
@@ -273,17 +278,7 @@ def test_a_stale_claim_never_spends_the_refresh_token(
 def test_refreshes_and_credential_updates_take_turns_on_the_row_lock(
     engine: Engine, respx_mock: respx.MockRouter
 ) -> None:
-    ws = engine.create_workspace("acme")
-    conn = engine.create_connection(
-        ws.id,
-        "r",
-        "rotating",
-        credentials={
-            "client_id": "cid-123456",
-            "client_secret": "secret-123456",
-            "refresh_token": "rt-0",
-        },
-    )
+    conn = rotating_connection(engine)
     engine.sync(conn.id)
     context = context_for(engine, claim(engine, "worker-a"))
     order: list[str] = []
