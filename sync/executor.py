@@ -78,6 +78,17 @@ class ClaimedRun:
         return Lease(self.id, self.lease_owner)
 
 
+class RunLog(logging.LoggerAdapter[logging.Logger]):
+    """Every line about a run says which run, connection, attempt and worker, in the message
+    (for plain-text logs) and as record attributes (for structured handlers)."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        context = self.extra or {}
+        kwargs["extra"] = {**context, **kwargs.get("extra", {})}
+        tags = " ".join(f"{key.removesuffix('_id')}={value}" for key, value in context.items())
+        return f"{msg} [{tags}]", kwargs
+
+
 class BudgetView:
     """When the run's shared rate budget is free again; kept fresh by the lease keeper's
     control read and by the run's own reports."""
@@ -241,13 +252,13 @@ class Executor:
         is running under this worker's lease, to be executed next)."""
         abort = AbortSignal()
         budget = BudgetView()
-        logger = logging.LoggerAdapter(
+        logger = RunLog(
             log,
             {
                 "run_id": run.id,
                 "connection_id": run.connection_id,
-                "worker_id": self._worker_id,
                 "attempt": run.attempts,
+                "worker_id": self._worker_id,
             },
         )
         self.current = abort
