@@ -8,10 +8,11 @@ simulated provider with latency, random 429s and 503s and data that changes betw
 hundreds of connections on short schedules across several workspaces and two providers, and
 six or more `connector-sync worker` processes, each reaching Postgres through a TCP proxy of
 its own. While they work, a fault injector, at random: SIGKILLs a worker and starts a new one;
-SIGSTOPs a worker past its lease and later SIGCONTs it; restarts Postgres once; cuts a worker
-off from Postgres for longer than a lease, then lets it reconnect; cancels runs and deletes
-connections mid-sync. Then the faults stop, every connection gets a last clean sync, and the
-run checks and prints what must be zero. Exit status 1 if any of it is not.
+SIGSTOPs a worker past its lease and later SIGCONTs it; restarts Postgres (once in short mode,
+three times in long mode); cuts a worker off from Postgres for longer than a lease, then lets
+it reconnect; cancels runs and deletes connections mid-sync. Then the faults stop, every
+connection gets a last clean sync, and the run checks and prints what must be zero. Exit
+status 1 if any of it is not.
 """
 
 from __future__ import annotations
@@ -328,7 +329,7 @@ class Chaos:
         self.postgres = Postgres(root)
         self.simulation = Simulation()
         self.stop_server: Callable[[], None] = lambda: None
-        self.restarted = False
+        self.last_restart = -float("inf")
         self.timers: list[threading.Timer] = []
 
     # -- setup -----------------------------------------------------------------------------
@@ -415,9 +416,13 @@ class Chaos:
             slot.proxy.cut()
             self.later(lease + 2, slot.proxy.heal)
         elif kind == "restart":
-            if self.restarted:
+            # As often as the mode requires, and never twice within a sixth of the run, so
+            # the workers spend the run working between restarts rather than reconnecting.
+            if self.fired[kind] >= self.plan.min_each:
                 return
-            self.restarted = True
+            if time.monotonic() - self.last_restart < self.plan.duration / 6:
+                return
+            self.last_restart = time.monotonic()
             self.postgres.restart()
         elif kind == "cancel":
             running = engine.runs(status="running", limit=200)

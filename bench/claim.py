@@ -5,7 +5,9 @@ and with the bare claim-then-finish ceiling, all on the same Postgres in one inv
 
 - ours: N pre-enqueued runs of a connector whose one table yields nothing, drained by 1, 2 and
   4 real worker processes calling ``Worker.poll()`` (listen=False) until the queue is empty;
-  also 1 process with a zero-table connector (the queue's cost without table bookkeeping).
+  also 1 process with a zero-table connector (the queue's cost without table bookkeeping);
+  then the production loop ``Worker.run()`` (finish-and-claim), with one empty table (1 and 2
+  processes) and with zero tables (1 process).
   Each run sits in its own workspace, so the provider limiter never holds a run back.
 - ceiling: the bare claim and finish statements on a minimal table, one round trip each,
   autocommit, from one client in a tight loop.
@@ -368,6 +370,13 @@ def main() -> None:
             )
             for p in (1, 2)
         )
+        # The queue's own cost in the production loop, a job that does nothing, as the peers'.
+        tasks.append(
+            (
+                Result("connector-sync", "Worker.run() loop, zero tables", 1, ours=True),
+                lambda: drain_ours(url, "bench_no_tables", 1, ["--loop"]),
+            )
+        )
         for form, (claim_sql, finish_sql) in BARE_FORMS.items():
             tasks.append(
                 (
@@ -384,6 +393,7 @@ def main() -> None:
         traced, trips = count_round_trips(url, "bench_noop", trace_runs)
         traced0, trips0 = count_round_trips(url, "bench_no_tables", trace_runs)
         traced1, trips1 = count_round_trips(url, "bench_noop", trace_runs, ["--loop"])
+        traced2, trips2 = count_round_trips(url, "bench_no_tables", trace_runs, ["--loop"])
 
     report(results, n, repeat)
     report_round_trips(
@@ -391,6 +401,7 @@ def main() -> None:
             "1 empty table": (traced, trips),
             "zero tables": (traced0, trips0),
             "1 empty table, run() loop": (traced1, trips1),
+            "zero tables, run() loop": (traced2, trips2),
         },
     )
 

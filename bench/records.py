@@ -8,7 +8,7 @@ Phases, each a run of the same connection: the first sync (every record new), a 
 Each phase runs in a fresh worker process whose peak RSS (``ru_maxrss``) is reported.
 Records/s is the table's size over the run's duration (``run_attempts``, server clock).
 
-WAL: ``pg_current_wal_lsn()`` before and after each phase is cluster-wide, and this
+WAL: ``pg_current_wal_flush_lsn()`` before and after each phase is cluster-wide, and this
 Postgres may be shared; so the bytes of WAL records that touch this benchmark's database are
 also summed with ``pg_walinspect`` (commit records, which name no relation, excluded). Each
 phase starts right after a CHECKPOINT (see ``Wal``).
@@ -79,7 +79,7 @@ class Row:
 
 
 class Wal:
-    """WAL written while a phase runs: cluster-wide (``pg_current_wal_lsn()`` before and
+    """WAL written while a phase runs: cluster-wide (``pg_current_wal_flush_lsn()`` before and
     after) and attributed to this database with ``pg_walinspect``, summed every few seconds
     while the phase runs, since a phase may write more than ``max_wal_size`` and its first
     segments would be recycled before the end. Each phase starts right after a CHECKPOINT, so
@@ -123,7 +123,11 @@ class WalMeter(threading.Thread):
         self._stop_event = threading.Event()
 
     def _lsn(self) -> str:
-        row = self.conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        # The flush position, not the write position: a run's record batches commit
+        # asynchronously, so WAL may be written but not yet flushed, and pg_walinspect refuses
+        # to read past the flush position (the whole window would be lost). Every phase ends
+        # with a synchronous commit, which flushes all it wrote.
+        row = self.conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
         assert row is not None
         return str(row[0])
 
@@ -413,6 +417,14 @@ def _mb(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e6:,.1f}"
 
 
+def _wal_ratio(row: Row, first: Row | None) -> str:
+    if first is None or row is first:
+        return ""
+    if row.wal_db is None or first.wal_db is None:
+        return "-"  # not known for this database; the cluster-wide column is beside it
+    return ratio(row.wal_db, first.wal_db)
+
+
 def report(rows: list[Row]) -> None:
     table = []
     for row in rows:
@@ -435,7 +447,7 @@ def report(rows: list[Row]) -> None:
                 ratio(row.rate, copy.rate) if copy else "-",
                 _mb(row.wal_db),
                 _mb(row.wal_all),
-                ratio(row.wal_db or 0, first.wal_db or 0) if first and row is not first else "",
+                _wal_ratio(row, first),
                 f"{(row.rss_kb or 0) / 1024:,.0f}",
                 row.note or row.counts,
             ]

@@ -1,6 +1,8 @@
 """Claim cost as history grows: the latency of ``claim_run`` with 10 k, 100 k and 1 M finished
 runs in ``connection_runs``, with 10 k queued-but-not-due runs, and right after 100 k runs went
-through the queue with no VACUUM since (their dead index entries still in the claim's index).
+through the queue with no VACUUM since (their dead index entries still in the claim's index),
+and over a backlog of lane-blocked runs: N runs of one provider queued in one workspace while
+another run of that lane is running, so the limiter holds every one of them back.
 
     python -m bench.scale [--quick] [--claims N]
 
@@ -89,7 +91,40 @@ def exec_all(conn: psycopg.Connection[Any], statements: list[str], **params: Any
         conn.execute(statement, params or None)
 
 
-def claim_latencies(url: str, claims: int) -> list[float]:
+# A lane held by a running run, with a backlog behind it: one workspace, one provider, one run
+# running under a live lease, %(count)s more queued and due, older than every other queued run,
+# so the claim meets them first in (queued_at, id) order.
+BLOCKED = [
+    "INSERT INTO workspaces (name) VALUES ('blocked')",
+    "INSERT INTO connections (workspace_id, name, provider) "
+    "SELECT (SELECT id FROM workspaces WHERE name = 'blocked'), 'blocked' || g, 'bench_lane' "
+    "  FROM generate_series(0, %(count)s) g",
+    "INSERT INTO connection_runs (connection_id, workspace_id, provider, status, queued_at, "
+    "                             started_at, attempts, lease_owner, lease_expires_at, worker_id) "
+    "SELECT id, workspace_id, provider, 'running', now() - interval '2 hours', now(), 1, "
+    "       gen_random_uuid(), now() + interval '1 day', 'bench-elsewhere' "
+    "  FROM connections WHERE name = 'blocked0'",
+    "INSERT INTO connection_runs (connection_id, workspace_id, provider, status, queued_at) "
+    "SELECT id, workspace_id, provider, 'queued', now() - interval '1 hour' + id * interval '1 ms' "
+    "  FROM connections WHERE name LIKE 'blocked%%' AND name <> 'blocked0'",
+]
+BLOCKED_UNDO = [
+    "DELETE FROM connection_runs WHERE workspace_id = (SELECT id FROM workspaces "
+    "WHERE name = 'blocked')",
+    "DELETE FROM connections WHERE name LIKE 'blocked%%'",
+    "DELETE FROM workspaces WHERE name = 'blocked'",
+]
+# The five due runs of BASE, moved an hour ahead and back: with them away, nothing but the
+# blocked backlog is due (a worker's idle poll).
+BASE_AWAY = "UPDATE connection_runs SET queued_at = queued_at + interval '1 hour' WHERE " + (
+    "status = 'queued' AND connection_id <= 5"
+)
+BASE_BACK = "UPDATE connection_runs SET queued_at = queued_at - interval '1 hour' WHERE " + (
+    "status = 'queued' AND connection_id <= 5"
+)
+
+
+def claim_latencies(url: str, claims: int, *, expect_run: bool = True) -> list[float]:
     from sync.queries import QUERIES
 
     params = {"worker_id": "bench-scale", "lease": timedelta(seconds=120)}
@@ -100,8 +135,10 @@ def claim_latencies(url: str, claims: int) -> list[float]:
                 start = time.perf_counter()
                 row = conn.execute(QUERIES.claim_run, params).fetchone()
                 timings.append(1000 * (time.perf_counter() - start))
-                if row is None:
-                    raise RuntimeError("the claim found nothing to claim")
+                if (row is not None) != expect_run:
+                    raise RuntimeError(
+                        "the claim found nothing to claim" if expect_run else "the claim took a run"
+                    )
     return timings
 
 
@@ -193,6 +230,7 @@ def main() -> None:
     args = parser.parse_args()
     claims = args.claims or (50 if args.quick else 300)
     sizes = (10_000, 100_000) if args.quick else (10_000, 100_000, 1_000_000)
+    blocked_sizes = (1_000,) if args.quick else (1_000, 10_000)
     rows: list[list[Any]] = []
     plans_out: list[tuple[str, list[str]]] = []
 
@@ -205,11 +243,11 @@ def main() -> None:
         have = 0
         reference = float("nan")
 
-        def measure(label: str, finished: int) -> None:
+        def measure(label: str, finished: int, *, expect_run: bool = True) -> None:
             nonlocal reference
             with connect(url) as conn:
                 conn.execute("VACUUM ANALYZE connection_runs")
-            timings = claim_latencies(url, claims)
+            timings = claim_latencies(url, claims, expect_run=expect_run)
             p50 = median(timings)
             if reference != reference:
                 reference = p50
@@ -233,19 +271,40 @@ def main() -> None:
             have = size
             measure(f"{size:,} finished runs", have)
             if size == sizes[0]:
+                # An idle poll: the same claim with nothing due, the reference for the
+                # lane-blocked claims below that also end with nothing.
+                with connect(url) as conn:
+                    conn.execute(BASE_AWAY)
+                measure(f"{size:,} finished, nothing due", have, expect_run=False)
+                with connect(url) as conn:
+                    conn.execute(BASE_BACK)
                 with connect(url) as conn:
                     exec_all(conn, NOT_DUE, count=10_000)
                 measure(f"{size:,} finished + 10,000 queued, not due", have)
-                # An experiment on this scratch database, not an engine change: the outer join
-                # of claim_run() to connections is planned for the 1000 rows a set-returning
-                # function is assumed to return; declaring ROWS 1 makes it an index lookup.
-                with connect(url) as conn:
-                    conn.execute("ALTER FUNCTION claim_run(text, interval) ROWS 1")
-                measure("  the same, claim_run() declared ROWS 1 (proposed)", have)
+                # An experiment on this scratch database, restored at once: claim_run() as it
+                # was declared before ROWS 1, when the outer join to connections was planned for
+                # the 1,000 rows a set-returning function is assumed to return.
                 with connect(url) as conn:
                     conn.execute("ALTER FUNCTION claim_run(text, interval) ROWS 1000")
+                measure("  the same, claim_run() at ROWS 1000 (before 0f8ce44)", have)
+                with connect(url) as conn:
+                    conn.execute("ALTER FUNCTION claim_run(text, interval) ROWS 1")
                 with connect(url) as conn:
                     exec_all(conn, NOT_DUE_UNDO)
+                for count in blocked_sizes:
+                    with connect(url) as conn:
+                        exec_all(conn, BLOCKED, count=count)
+                    measure(f"{size:,} finished + {count:,} lane-blocked, then 5 due", have)
+                    with connect(url) as conn:
+                        conn.execute(BASE_AWAY)
+                    measure(
+                        f"{size:,} finished + {count:,} lane-blocked, nothing else due",
+                        have,
+                        expect_run=False,
+                    )
+                    with connect(url) as conn:
+                        conn.execute(BASE_BACK)
+                        exec_all(conn, BLOCKED_UNDO)
 
         # Churn without VACUUM: measured without the VACUUM the other sizes get.
         churn = 100_000

@@ -22,6 +22,7 @@ import argparse
 import base64
 import json
 import random
+import sys
 import threading
 import time
 from collections import deque
@@ -568,6 +569,13 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hung up mid-response (a worker killed or cut off) is not the
+        # server's error; anything else is printed as usual.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 def start_server(
