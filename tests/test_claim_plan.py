@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from sync import Engine
+from tests.plans import explained, nodes
 
 HISTORY = """
 INSERT INTO workspaces (name) SELECT 'ws' || g FROM generate_series(1, 20) g;
@@ -25,30 +26,9 @@ ANALYZE;
 
 
 def plans_of_claim(admin: Any) -> list[dict[str, Any]]:
-    notices: list[str] = []
-    admin.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
-    admin.execute("LOAD 'auto_explain'")
-    admin.execute("SET auto_explain.log_min_duration = 0")
-    admin.execute("SET auto_explain.log_nested_statements = on")
-    admin.execute("SET auto_explain.log_format = json")
-    admin.execute("SET auto_explain.log_analyze = on")
-    admin.execute("SET auto_explain.log_buffers = on")
-    admin.execute("SET auto_explain.log_level = notice")
-    with admin.transaction(force_rollback=True):
-        row = admin.execute("SELECT id FROM claim_run('plan-test', interval '1 minute')").fetchone()
-        assert row is not None
-    plans = []
-    for message in notices:
-        if "{" in message:
-            plans.append(json.loads(message[message.index("{") :]))
+    row, plans = explained(admin, "SELECT id FROM claim_run('plan-test', interval '1 minute')")
+    assert row is not None
     return plans
-
-
-def nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    found = [plan]
-    for child in plan.get("Plans", []):
-        found.extend(nodes(child))
-    return found
 
 
 def test_the_claim_uses_its_partial_index_with_100k_finished_runs(
