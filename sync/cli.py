@@ -751,7 +751,8 @@ def runs_show(run_id: int, as_json: bool = JsonOption) -> None:
         details.add_row("cancel requested", when(run.cancel_requested_at))
     if run.error:
         details.add_row("error", brief_error(run.error, 200))
-    details.add_row("now", describe_progress(run, workers_alive=None, now=datetime.now(UTC)))
+    if not run.is_terminal:  # a finished run's status and error say it all
+        details.add_row("now", describe_progress(run, workers_alive=None, now=datetime.now(UTC)))
     out.print(details)
     if attempts:
         table = Table(title="attempts", title_justify="left")

@@ -110,7 +110,9 @@ def decide(
         return Outcome(Action.HAND_BACK)
     if abort is AbortReason.CANCELLED:
         return Outcome(
-            Action.FINISH, "cancelled", error={"kind": "cancelled", "message": "cancelled"}
+            Action.FINISH,
+            "cancelled",
+            error={"kind": "cancelled", "message": "a cancel was requested"},
         )
 
     errors: list[tuple[str | None, dict[str, Any] | None]] = [
