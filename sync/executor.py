@@ -413,6 +413,8 @@ class Executor:
                     if abort.reason is not AbortReason.LEASE_LOST:
                         self._flush_quietly(writer, logger)
                     raise
+                finally:
+                    writer.close()  # no batch may still be writing when conn goes back
             status, error = TableStatus.SUCCEEDED, None
         except (Aborted, LeaseLost) as exc:
             if isinstance(exc, LeaseLost):

@@ -9,11 +9,14 @@ see.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
@@ -81,6 +84,38 @@ def encode(record: Mapping[str, Any], table: str, key: str) -> tuple[str, bytes]
     return raw.decode(), hashlib.blake2b(raw, digest_size=16).digest()
 
 
+class InFlight:
+    """At most one write at a time in a helper thread, so that reading and encoding the next
+    batch overlaps the database writing the last one (the worker and its backend each keep a
+    core busy instead of taking turns). Writes run in the order submitted, each after the one
+    before has committed; ``submit`` and ``wait`` raise the failure of the write before."""
+
+    def __init__(self) -> None:
+        self._executor: ThreadPoolExecutor | None = None
+        self._future: Future[None] | None = None
+
+    def submit(self, write: Callable[[], None]) -> None:
+        self.wait()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="record-writer")
+        self._future = self._executor.submit(write)
+
+    def wait(self) -> None:
+        future, self._future = self._future, None
+        if future is not None:
+            future.result()
+
+    def close(self) -> None:
+        try:
+            # Its failure is dropped: the caller is already handling one of its own.
+            with contextlib.suppress(Exception):
+                self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+
 @dataclass
 class WriteCounts:
     upserted: int = 0
@@ -113,6 +148,7 @@ class RecordWriter:
         # once the provider asked for a resync.
         self._full = table.mode is Mode.FULL
         self._seen_keys = 0  # keys this table put in run_seen_keys, to clear when it completes
+        self._in_flight = InFlight()
         self.counts = WriteCounts()
 
     def write(self, item: Any) -> None:
@@ -142,7 +178,7 @@ class RecordWriter:
         self._deletions.discard(key)
         self._records[key] = encode(record, self._table.name, key)
         if len(self._records) >= self._batch_size:
-            self.flush()
+            self.flush(background=True)
 
     def _add_deletion(self, key: str) -> None:
         if self._table.mode is not Mode.INCREMENTAL:
@@ -155,29 +191,50 @@ class RecordWriter:
         if len(self._deletions) >= self._batch_size:
             self.flush()
 
-    def flush(self, *, check_abort: bool = True) -> None:
-        """Write the buffered records, then the buffered deletions."""
+    def flush(self, *, check_abort: bool = True, background: bool = False) -> None:
+        """Write the buffered records, then the buffered deletions. With ``background`` the
+        records are written by a helper thread while the caller reads and encodes the next
+        batch; without it, everything written before has been written when this returns."""
         if check_abort:
             self._abort.check()
         if self._records:
             keys = list(self._records)
             datas = [self._records[k][0] for k in keys]
             hashes = [self._records[k][1] for k in keys]
-            row = self._one(
-                QUERIES.write_record_batch,
-                external_ids=keys,
-                datas=datas,
-                hashes=hashes,
-                track_seen=self._full,
-            )
-            self.counts.upserted += row["upserted"]
-            self.counts.unchanged += row["unchanged"]
-            self._seen_keys += row["seen"]
             self._records.clear()
+            write = partial(self._write_batch, keys, datas, hashes, track_seen=self._full)
+            if background:
+                self._in_flight.submit(write)
+            else:
+                self._in_flight.wait()
+                write()
+        elif not background:
+            self._in_flight.wait()
         if self._deletions:
+            self._in_flight.wait()
             row = self._one(QUERIES.tombstone_ids, external_ids=sorted(self._deletions))
             self.counts.tombstoned += row["tombstoned"]
             self._deletions.clear()
+
+    def close(self) -> None:
+        """Wait for a batch still being written and stop the helper thread. Call it before the
+        connection goes back to the pool, also after a failure: the batch's own failure is
+        dropped then, since the caller is already handling one."""
+        self._in_flight.close()
+
+    def _write_batch(
+        self, keys: list[str], datas: list[str], hashes: list[bytes], *, track_seen: bool
+    ) -> None:
+        row = self._one(
+            QUERIES.write_record_batch,
+            external_ids=keys,
+            datas=datas,
+            hashes=hashes,
+            track_seen=track_seen,
+        )
+        self.counts.upserted += row["upserted"]
+        self.counts.unchanged += row["unchanged"]
+        self._seen_keys += row["seen"]
 
     def complete(self) -> None:
         """The table was read to its end: flush, and for a ``full`` table tombstone the rows

@@ -90,8 +90,11 @@ def test_every_write_of_a_stale_claim_matches_nothing(engine: Engine, admin: Any
         def stale_writer(on: Table) -> RecordWriter:
             return RecordWriter(db, stale, conn.id, on, batch_size=1, abort=AbortSignal())
 
+        batch = stale_writer(table)
+        batch.write({"id": 2, "v": "stale"})  # batch_size 1: written at once, in the background
         with pytest.raises(LeaseLost):
-            stale_writer(table).write({"id": 2, "v": "stale"})  # batch_size 1 flushes at once
+            batch.flush()  # which waits for that write
+        batch.close()
         with pytest.raises(LeaseLost):
             stale_writer(table).complete()  # the tombstone pass
         with pytest.raises(LeaseLost):
