@@ -342,6 +342,9 @@ class Chaos:
             control_interval=0.5,
             heartbeat_interval=2.0,
             poll_interval=0.5,
+            # Small batches, so that most of a table's batches are written in the background
+            # while the next is read: the faults then land with a batch in flight.
+            batch_size=4,
             backoff_seconds=(0.5, 1.0, 2.0),
             max_inline_wait=2.0,
             statement_timeout=20.0,
