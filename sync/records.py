@@ -197,6 +197,8 @@ class RecordWriter:
         batch; without it, everything written before has been written when this returns."""
         if check_abort:
             self._abort.check()
+        if not background:
+            self._in_flight.wait()
         if self._records:
             keys = list(self._records)
             datas = [self._records[k][0] for k in keys]
@@ -206,10 +208,7 @@ class RecordWriter:
             if background:
                 self._in_flight.submit(write)
             else:
-                self._in_flight.wait()
                 write()
-        elif not background:
-            self._in_flight.wait()
         if self._deletions:
             self._in_flight.wait()
             row = self._one(QUERIES.tombstone_ids, external_ids=sorted(self._deletions))

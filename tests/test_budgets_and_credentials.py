@@ -175,8 +175,8 @@ def rotating_token_endpoint(respx_mock: respx.MockRouter, spent: list[str]) -> N
     respx_mock.post(TOKEN_URL).mock(side_effect=token)
 
 
-def rotating_connection(engine: Engine) -> Any:
-    """A connection whose only credential so far is refresh token rt-0."""
+def rotating_connection(engine: Engine, **credentials: Any) -> Any:
+    """A connection whose refresh token so far is rt-0 (and whatever ``credentials`` add)."""
     ws = engine.create_workspace("acme")
     return engine.create_connection(
         ws.id,
@@ -186,6 +186,7 @@ def rotating_connection(engine: Engine) -> Any:
             "client_id": "cid-123456",
             "client_secret": "secret-123456",
             "refresh_token": "rt-0",
+            **credentials,
         },
     )
 
@@ -221,18 +222,10 @@ def test_a_rotated_refresh_token_is_saved_and_spent_next(
     spent: list[str] = []
     rotating_token_endpoint(respx_mock, spent)
     me = respx_mock.get(f"{API}/me").mock(return_value=httpx.Response(200, json={"id": "u1"}))
-    ws = engine.create_workspace("acme")
-    conn = engine.create_connection(
-        ws.id,
-        "r",
-        "rotating",
-        credentials={
-            "client_id": "cid-123456",
-            "client_secret": "secret-123456",
-            "refresh_token": "rt-0",
-            "access_token": "at-0",
-            "expires_at": time.time() - 10,  # already expired
-        },
+    conn = rotating_connection(
+        engine,
+        access_token="at-0",
+        expires_at=time.time() - 10,  # already expired
     )
     assert run_sync(engine, conn.id).status == "succeeded"
     assert spent == ["rt-0"]
