@@ -227,11 +227,13 @@ class Tenant:
             return [dict(r) for r in rows[offset : offset + limit]], offset + limit < len(rows)
 
     def changes(
-        self, table: str, since: int | None, offset: int, limit: int
+        self, table: str, since: int | None, after: int, limit: int, generation: int | None
     ) -> tuple[list[dict[str, Any]], bool, int]:
         """The incremental feed: rows changed after generation ``since`` and ``{"id": ...,
-        "deleted": true}`` for rows deleted after it (every live row when ``since`` is None).
-        Returns a page of it, whether more follow, and the current generation."""
+        "deleted": true}`` for rows deleted after it (every live row when ``since`` is None),
+        by id, from the first id above ``after``. Returns a page of it, whether more follow,
+        and the generation the feed started at (the current one on its first page): a change
+        made while the feed is paged may or may not show, and shows again from that one."""
         with self._lock:
             self.stats.pages += 1
             data = self._tables[table]
@@ -247,8 +249,10 @@ class Tenant:
                     if gen > since
                 ]
                 feed = [row for _, row in sorted(entries, key=lambda e: e[0])]
-            chunk = [dict(r) for r in feed[offset : offset + limit]]
-            return chunk, offset + limit < len(feed), self.generation
+            rest = [row for row in feed if row["id"] > after]
+            chunk = [dict(r) for r in rest[:limit]]
+            started_at = self.generation if generation is None else generation
+            return chunk, len(rest) > limit, started_at
 
     # -- rows ------------------------------------------------------------------------------
 
@@ -397,6 +401,24 @@ def _decode_cursor(cursor: str | None) -> int:
         raise _HTTPError(400, "the cursor is not one this API returned") from None
 
 
+def _encode_feed_cursor(after: int, generation: int) -> str:
+    return base64.urlsafe_b64encode(f"f:{after}:{generation}".encode()).decode().rstrip("=")
+
+
+def _decode_feed_cursor(cursor: str | None) -> tuple[int, int | None]:
+    """The last id a feed page showed and the generation the feed started at."""
+    if not cursor:
+        return 0, None
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        kind, after, generation = text.split(":")
+        if kind != "f":
+            raise ValueError(text)
+        return int(after), int(generation)
+    except ValueError:
+        raise _HTTPError(400, "the cursor is not one this API returned") from None
+
+
 def _format_seconds(seconds: float) -> str:
     return str(int(seconds)) if float(seconds).is_integer() else f"{seconds:g}"
 
@@ -487,10 +509,10 @@ class _Handler(BaseHTTPRequestHandler):
             next_cursor = _encode_cursor(offset + size) if more else None
             return 200, {"data": rows, "next_cursor": next_cursor}, {}
         size = _page_size(query, "limit")
-        offset = _decode_cursor(cursor[-1] if cursor else None)
+        after, started_at = _decode_feed_cursor(cursor[-1] if cursor else None)
         since = _int_param(query, "since", None)
-        rows, more, generation = tenant.changes("deals", since, offset, size)
-        next_cursor = _encode_cursor(offset + size) if more else None
+        rows, more, generation = tenant.changes("deals", since, after, size, started_at)
+        next_cursor = _encode_feed_cursor(rows[-1]["id"], generation) if more else None
         return 200, {"data": rows, "next_cursor": next_cursor, "generation": generation}, {}
 
     def _tracker_page(
