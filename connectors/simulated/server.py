@@ -233,7 +233,7 @@ class Tenant:
         "deleted": true}`` for rows deleted after it (every live row when ``since`` is None),
         by id, from the first id above ``after``. Returns a page of it, whether more follow,
         and the generation the feed started at (the current one on its first page): a change
-        made while the feed is paged may or may not show, and shows again from that one."""
+        made while the feed is paged may show now, and shows again in the feed since then."""
         with self._lock:
             self.stats.pages += 1
             data = self._tables[table]
