@@ -2,8 +2,9 @@
 table read with the delta query.
 
 The first sync enumerates the drive from ``/drives/{drive_id}/root/delta``, following
-``@odata.nextLink``; the last page carries ``@odata.deltaLink``, saved as the cursor after that
-page's records are written. Later syncs start from the saved delta link and get only changes.
+``@odata.nextLink``, after a ``Resync``: the enumeration is the whole drive, so items an
+unfinished earlier sync wrote and Graph deleted since are tombstoned. The last page carries
+``@odata.deltaLink``, saved as the cursor after that page's records are written. Later syncs start from the saved delta link and get only changes.
 Deleted items come back with the ``deleted`` facet (drive items never use ``@removed``) and are
 tombstoned. A 410 Gone on a delta link means the token cannot be used any more: the enumeration
 starts again (from the ``Location`` Graph sends, else from the start) after a ``Resync``, so
@@ -100,6 +101,10 @@ class GraphDriveConnector(Connector):
         saved = self.context.cursor(table.name) or {}
         url = saved.get("delta_link") or start
         resynced = False
+        if url == start:
+            # From the start, the enumeration is the whole drive: items an unfinished earlier
+            # sync wrote and Graph has deleted since are tombstoned.
+            yield Resync()
         while True:
             try:
                 yield from self._enumerate(url)

@@ -212,6 +212,32 @@ def test_sync_tombstones_upstream_deletions(
     assert deals == {str(r["id"]) for r in tenant(simulation).rows("deals")}
 
 
+def test_a_feed_read_from_the_start_tombstones_deals_an_unfinished_sync_left(
+    sim_engine: Engine, server: str, simulation: Simulation
+) -> None:
+    # A first sync cancelled after it wrote some deals leaves them without a cursor. If a
+    # generation deletes one of them before the next sync, that sync reads the feed from the
+    # start, which lists live deals only: the deleted one must go, not stay forever.
+    engine = sim_engine
+    ws = engine.create_workspace("sim")
+    config = {"base_url": server, "tenant": "acme", "page_size": 10}
+    crm = engine.create_connection(
+        ws.id, "c", "simulated_crm", config=config, credentials={"token": "sim-acme"}
+    )
+    assert run_sync(engine, crm.id).status == "succeeded"
+    with engine.pool.connection() as conn:
+        conn.execute(
+            "DELETE FROM table_state WHERE connection_id = %s AND table_name = 'deals'", (crm.id,)
+        )
+    deleted = tenant(simulation).advance()["deals"]["deleted"]
+
+    run = run_sync(engine, crm.id)
+    assert run.status == "succeeded"
+    assert run.results["deals"]["tombstoned"] == len(deleted) > 0
+    deals = {r.external_id for r in engine.records(crm.id, "deals")}
+    assert deals == {str(r["id"]) for r in tenant(simulation).rows("deals")}
+
+
 def test_429_requeues_the_run_after_retry_after(
     sim_engine: Engine, server: str, simulation: Simulation
 ) -> None:

@@ -4,7 +4,7 @@
   a ``Link`` header: every sync reads everything and the engine tombstones what disappeared.
 - ``simulated_crm``: its CRM. ``contacts`` is ``full``, paged by a cursor in the body; ``deals``
   is ``incremental``: the cursor is the provider's generation, and the change feed reports
-  deletions explicitly.
+  deletions explicitly; read from the start (no cursor yet) it is the whole table.
 
 Config: ``{"base_url": "http://127.0.0.1:8765", "tenant": "acme"}``; credentials:
 ``{"token": "sim-acme"}``.
@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from connectors.auth import BearerToken
-from connectors.base import Checkpoint, Connector, Deleted, Item, Mode, Table
+from connectors.base import Checkpoint, Connector, Deleted, Item, Mode, Resync, Table
 from connectors.context import ConnectorContext
 from connectors.errors import PermanentError
 from connectors.http import HttpClient
@@ -98,6 +98,10 @@ class SimulatedCrm(_Simulated):
             return
         saved = self.context.cursor("deals") or {}
         params = {} if saved.get("generation") is None else {"since": saved["generation"]}
+        if not params:
+            # From the start the feed lists every live deal: the whole table, so deals an
+            # unfinished earlier sync wrote and the provider has deleted since are tombstoned.
+            yield Resync()
         generation = None
         for body in self._pages("deals/changes", params):
             generation = body.get("generation")

@@ -134,6 +134,31 @@ def test_first_enumeration_then_changes_from_the_delta_link(
     assert changes.calls.last.request.headers["authorization"] == "Bearer graph-token-1"
 
 
+def test_an_enumeration_from_the_start_tombstones_items_an_unfinished_sync_left(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    respx_mock.post(TOKEN_URL).mock(return_value=token("graph-token-1"))
+    respx_mock.get(DELTA).mock(return_value=graph(PAGE_1))
+    page_2 = delta_route(respx_mock, NEXT_LINK).mock(
+        return_value=graph(fixture("msgraph", "delta_page2.json"))
+    )
+    conn_id = connect(sync_engine)
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+    # What a first sync cancelled before its delta link leaves: items and no cursor.
+    with sync_engine.pool.connection() as conn:
+        conn.execute("DELETE FROM table_state WHERE connection_id = %s", (conn_id,))
+    # Meanwhile the valve schedule was deleted; an enumeration from the start lists live
+    # items only, so it is simply absent.
+    without = fixture("msgraph", "delta_page2.json")
+    without["value"] = [item for item in without["value"] if item["id"] != VALVE_SCHEDULE]
+    page_2.mock(return_value=graph(without))
+
+    run = run_sync(sync_engine, conn_id)
+    assert run.results == {"drive_items": result(unchanged=4, tombstoned=1)}
+    assert tombstoned_ids(sync_engine, conn_id, "drive_items") == {VALVE_SCHEDULE}
+    assert live_ids(sync_engine, conn_id, "drive_items") == FIRST_IDS - {VALVE_SCHEDULE}
+
+
 @pytest.mark.parametrize("with_location", [True, False], ids=["location", "no-location"])
 def test_a_410_on_the_delta_link_resyncs_and_tombstones_what_is_gone(
     sync_engine: Engine, respx_mock: respx.MockRouter, with_location: bool
@@ -341,7 +366,10 @@ def test_a_sovereign_cloud_is_a_matter_of_config(respx_mock: respx.MockRouter) -
         credentials=CLIENT,
     )
     connector = GraphDriveConnector(context)
-    assert read_table(connector, "drive_items") == [Checkpoint({"delta_link": CHANGES_LINK})]
+    assert read_table(connector, "drive_items") == [
+        Resync(),  # a first enumeration is the whole drive
+        Checkpoint({"delta_link": CHANGES_LINK}),
+    ]
     assert parse_qs(tokens.calls.last.request.content.decode())["scope"] == [
         "https://graph.microsoft.us/.default"
     ]
