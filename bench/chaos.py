@@ -7,10 +7,11 @@ It starts a Postgres instance on a spare port (so restarting it disturbs nothing
 simulated provider with latency, random 429s and 503s and data that changes between syncs,
 hundreds of connections on short schedules across several workspaces and two providers, and
 six or more `connector-sync worker` processes, each reaching Postgres through a TCP proxy of
-its own. While they work, a fault injector, at random: SIGKILLs a worker and starts a new one;
-SIGSTOPs a worker past its lease and later SIGCONTs it; restarts Postgres (once in short mode,
-three times in long mode); cuts a worker off from Postgres for longer than a lease, then lets
-it reconnect; cancels runs and deletes connections mid-sync. Then the faults stop, every
+its own and started again, as a supervisor would, if it exits. While they work, a fault
+injector, at random: SIGKILLs a worker and starts a new one; SIGSTOPs a worker past its lease
+and later SIGCONTs it; restarts Postgres (once in short mode, three times in long mode); cuts
+a worker off from Postgres for longer than a lease, then lets it reconnect; cancels runs and
+deletes connections mid-sync. Then the faults stop, every
 connection gets a last clean sync, and the run checks and prints what must be zero. Exit
 status 1 if any of it is not.
 """
@@ -302,6 +303,29 @@ class Fleet:
     def live(self) -> list[Slot]:
         return [s for s in self.slots if s.process is not None and s.process.poll() is None]
 
+    def supervise(self) -> int:
+        """Start a new worker in every slot whose worker exited (a worker that cannot reach
+        Postgres when it starts exits with one line, as it should; a supervisor such as systemd
+        starts it again). Returns how many were started."""
+        exited = [s for s in self.slots if s.process is not None and s.process.poll() is not None]
+        for slot in exited:
+            self.spawn(slot)
+        return len(exited)
+
+    def wait_registered(self, engine: Engine, timeout: float) -> None:
+        """Wait until every slot's current worker has registered itself."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ids = [f"chaos-{s.index}-{s.generation}" for s in self.slots]
+            with engine.pool.connection() as conn:
+                row = conn.execute(
+                    "SELECT count(*) AS n FROM workers WHERE id = ANY(%s)", (ids,)
+                ).fetchone()
+            if row and row["n"] == len(ids):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"the workers did not start within {timeout:.0f} s")
+
     def stop_all(self) -> None:
         for slot in self.slots:
             if slot.process is None:
@@ -325,6 +349,7 @@ class Chaos:
         self.random = random.Random(seed)
         self.root = root
         self.fired: Counter[str] = Counter()
+        self.respawned = 0  # workers that exited by themselves and were started again
         self.deleted: list[int] = []
         self.postgres = Postgres(root)
         self.simulation = Simulation()
@@ -382,6 +407,7 @@ class Chaos:
         deadline = time.monotonic() + self.plan.duration
         next_advance = time.monotonic()
         while time.monotonic() < deadline:
+            self.respawned += fleet.supervise()
             if time.monotonic() >= next_advance:
                 for tenant in self.random.sample(self.simulation.tenants(), 3):
                     tenant.advance()
@@ -541,6 +567,7 @@ class Chaos:
         summary.add_column("must be")
         for name, row in figures.items():
             summary.add_row(name, str(next(iter(row.values())) if row else "?"), "")
+        summary.add_row("workers that exited and were started again", str(self.respawned), "")
         ok = True
         for name, value in values.items():
             good = value == 0
@@ -594,6 +621,7 @@ def main() -> None:
             )
         fleet = Fleet(chaos.postgres, root, env)
         fleet.start(plan.workers)
+        fleet.wait_registered(engine, 60)
         console.print(f"{plan.workers} workers started; injecting faults for {plan.duration:.0f} s")
         chaos.inject(engine, fleet)
         console.print("faults off; last clean sync")

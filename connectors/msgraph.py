@@ -4,11 +4,12 @@ table read with the delta query.
 The first sync enumerates the drive from ``/drives/{drive_id}/root/delta``, following
 ``@odata.nextLink``, after a ``Resync``: the enumeration is the whole drive, so items an
 unfinished earlier sync wrote and Graph deleted since are tombstoned. The last page carries
-``@odata.deltaLink``, saved as the cursor after that page's records are written. Later syncs start from the saved delta link and get only changes.
-Deleted items come back with the ``deleted`` facet (drive items never use ``@removed``) and are
-tombstoned. A 410 Gone on a delta link means the token cannot be used any more: the enumeration
-starts again (from the ``Location`` Graph sends, else from the start) after a ``Resync``, so
-rows not seen again are tombstoned.
+``@odata.deltaLink``, saved as the cursor after that page's records are written. Later syncs
+start from the saved delta link and get only changes. Deleted items come back with the
+``deleted`` facet (drive items never use ``@removed``) and are tombstoned. A 410 Gone on a delta
+link means the token cannot be used any more: the enumeration starts again (from the
+``Location`` Graph sends, else from the start) after a ``Resync``, so rows not seen again are
+tombstoned.
 
 Only the delta link is a cursor, never a next link: a next link saved mid-enumeration would let
 an attempt that failed after a resync resume without the resync, and rows deleted meanwhile
