@@ -38,6 +38,14 @@ def tenant(simulation: Simulation) -> Tenant:
     return simulation.tenant("acme")
 
 
+def connect(engine: Engine, server: str, provider: str) -> int:
+    """A connection to the acme tenant, pages of ten; returns its id."""
+    ws = engine.create_workspace(f"sim-{provider}")
+    config = {"base_url": server, "tenant": "acme", "page_size": 10}
+    creds = {"token": "sim-acme"}
+    return engine.create_connection(ws.id, "c", provider, config=config, credentials=creds).id
+
+
 def test_tracker_pages_by_link_header(server: str, simulation: Simulation) -> None:
     seen: list[dict[str, Any]] = []
     url: str | None = f"{server}/tracker/acme/issues?per_page=10"
@@ -188,27 +196,24 @@ def test_sync_tombstones_upstream_deletions(
     sim_engine: Engine, server: str, simulation: Simulation
 ) -> None:
     engine = sim_engine
-    ws = engine.create_workspace("sim")
-    config = {"base_url": server, "tenant": "acme", "page_size": 10}
-    creds = {"token": "sim-acme"}
-    tracker = engine.create_connection(ws.id, "t", "simulated", config=config, credentials=creds)
-    crm = engine.create_connection(ws.id, "c", "simulated_crm", config=config, credentials=creds)
-    assert run_sync(engine, tracker.id).status == "succeeded"
-    assert run_sync(engine, crm.id).status == "succeeded"
+    tracker = connect(engine, server, "simulated")
+    crm = connect(engine, server, "simulated_crm")
+    assert run_sync(engine, tracker).status == "succeeded"
+    assert run_sync(engine, crm).status == "succeeded"
 
     changes = tenant(simulation).advance()
-    second = run_sync(engine, tracker.id)
+    second = run_sync(engine, tracker)
     assert second.results["issues"]["tombstoned"] == len(changes["issues"]["deleted"])
     assert second.results["issues"]["upserted"] == len(
         changes["issues"]["added"] + changes["issues"]["updated"]
     )
-    crm_run = run_sync(engine, crm.id)
+    crm_run = run_sync(engine, crm)
     assert crm_run.results["deals"]["tombstoned"] == len(changes["deals"]["deleted"])
     assert crm_run.results["contacts"]["tombstoned"] == len(changes["contacts"]["deleted"])
 
-    live = {r.external_id for r in engine.records(tracker.id, "issues")}
+    live = {r.external_id for r in engine.records(tracker, "issues")}
     assert live == {str(r["id"]) for r in tenant(simulation).rows("issues")}
-    deals = {r.external_id for r in engine.records(crm.id, "deals")}
+    deals = {r.external_id for r in engine.records(crm, "deals")}
     assert deals == {str(r["id"]) for r in tenant(simulation).rows("deals")}
 
 
@@ -219,22 +224,18 @@ def test_a_feed_read_from_the_start_tombstones_deals_an_unfinished_sync_left(
     # generation deletes one of them before the next sync, that sync reads the feed from the
     # start, which lists live deals only: the deleted one must go, not stay forever.
     engine = sim_engine
-    ws = engine.create_workspace("sim")
-    config = {"base_url": server, "tenant": "acme", "page_size": 10}
-    crm = engine.create_connection(
-        ws.id, "c", "simulated_crm", config=config, credentials={"token": "sim-acme"}
-    )
-    assert run_sync(engine, crm.id).status == "succeeded"
+    crm = connect(engine, server, "simulated_crm")
+    assert run_sync(engine, crm).status == "succeeded"
     with engine.pool.connection() as conn:
         conn.execute(
-            "DELETE FROM table_state WHERE connection_id = %s AND table_name = 'deals'", (crm.id,)
+            "DELETE FROM table_state WHERE connection_id = %s AND table_name = 'deals'", (crm,)
         )
     deleted = tenant(simulation).advance()["deals"]["deleted"]
 
-    run = run_sync(engine, crm.id)
+    run = run_sync(engine, crm)
     assert run.status == "succeeded"
     assert run.results["deals"]["tombstoned"] == len(deleted) > 0
-    deals = {r.external_id for r in engine.records(crm.id, "deals")}
+    deals = {r.external_id for r in engine.records(crm, "deals")}
     assert deals == {str(r["id"]) for r in tenant(simulation).rows("deals")}
 
 

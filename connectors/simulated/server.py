@@ -227,13 +227,14 @@ class Tenant:
             return [dict(r) for r in rows[offset : offset + limit]], offset + limit < len(rows)
 
     def changes(
-        self, table: str, since: int | None, after: int, limit: int, generation: int | None
+        self, table: str, since: int | None, after: int, limit: int, started_at: int | None
     ) -> tuple[list[dict[str, Any]], bool, int]:
         """The incremental feed: rows changed after generation ``since`` and ``{"id": ...,
         "deleted": true}`` for rows deleted after it (every live row when ``since`` is None),
         by id, from the first id above ``after``. Returns a page of it, whether more follow,
-        and the generation the feed started at (the current one on its first page): a change
-        made while the feed is paged may show now, and shows again in the feed since then."""
+        and the generation the feed started at (``started_at``; on the first page, where it
+        is None, the current one): a change made while the feed is paged may show now, and
+        shows again in the feed since then."""
         with self._lock:
             self.stats.pages += 1
             data = self._tables[table]
@@ -251,8 +252,7 @@ class Tenant:
                 feed = [row for _, row in sorted(entries, key=lambda e: e[0])]
             rest = [row for row in feed if row["id"] > after]
             chunk = [dict(r) for r in rest[:limit]]
-            started_at = self.generation if generation is None else generation
-            return chunk, len(rest) > limit, started_at
+            return chunk, len(rest) > limit, self.generation if started_at is None else started_at
 
     # -- rows ------------------------------------------------------------------------------
 
@@ -384,37 +384,20 @@ def _page_size(query: dict[str, list[str]], name: str) -> int:
     return size
 
 
-def _encode_cursor(offset: int) -> str:
-    return base64.urlsafe_b64encode(f"o:{offset}".encode()).decode().rstrip("=")
+def _encode_cursor(kind: str, *values: int) -> str:
+    """An opaque cursor: ``o`` (an offset) for listings, ``f`` (the last id shown and the
+    generation the feed started at) for the change feed."""
+    text = ":".join([kind, *map(str, values)])
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str | None) -> int:
-    if not cursor:
-        return 0
+def _decode_cursor(cursor: str, kind: str, count: int) -> list[int]:
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        kind, _, value = text.partition(":")
-        if kind != "o":
+        found, *values = text.split(":")
+        if found != kind or len(values) != count:
             raise ValueError(text)
-        return int(value)
-    except ValueError:
-        raise _HTTPError(400, "the cursor is not one this API returned") from None
-
-
-def _encode_feed_cursor(after: int, generation: int) -> str:
-    return base64.urlsafe_b64encode(f"f:{after}:{generation}".encode()).decode().rstrip("=")
-
-
-def _decode_feed_cursor(cursor: str | None) -> tuple[int, int | None]:
-    """The last id a feed page showed and the generation the feed started at."""
-    if not cursor:
-        return 0, None
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        kind, after, generation = text.split(":")
-        if kind != "f":
-            raise ValueError(text)
-        return int(after), int(generation)
+        return [int(v) for v in values]
     except ValueError:
         raise _HTTPError(400, "the cursor is not one this API returned") from None
 
@@ -504,15 +487,15 @@ class _Handler(BaseHTTPRequestHandler):
         cursor = query.get("cursor")
         if route == "contacts":
             size = _page_size(query, "limit")
-            offset = _decode_cursor(cursor[-1] if cursor else None)
+            [offset] = _decode_cursor(cursor[-1], "o", 1) if cursor else [0]
             rows, more = tenant.page("contacts", offset, size)
-            next_cursor = _encode_cursor(offset + size) if more else None
+            next_cursor = _encode_cursor("o", offset + size) if more else None
             return 200, {"data": rows, "next_cursor": next_cursor}, {}
         size = _page_size(query, "limit")
-        after, started_at = _decode_feed_cursor(cursor[-1] if cursor else None)
+        after, started_at = _decode_cursor(cursor[-1], "f", 2) if cursor else (0, None)
         since = _int_param(query, "since", None)
         rows, more, generation = tenant.changes("deals", since, after, size, started_at)
-        next_cursor = _encode_feed_cursor(rows[-1]["id"], generation) if more else None
+        next_cursor = _encode_cursor("f", rows[-1]["id"], generation) if more else None
         return 200, {"data": rows, "next_cursor": next_cursor, "generation": generation}, {}
 
     def _tracker_page(
