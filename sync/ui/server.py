@@ -3,9 +3,11 @@ checked before anything listens and port 0 (any free port) can be reported."""
 
 from __future__ import annotations
 
-import logging
+import contextlib
+import signal
 import socket
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 import uvicorn
 
@@ -13,7 +15,7 @@ from sync.api import Engine
 from sync.errors import InvalidInput
 from sync.ui.app import UiOptions, create_app
 
-log = logging.getLogger("sync.ui")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -69,6 +71,23 @@ def serve(
         server = server_for(engine, options)
         if on_ready is not None:
             on_ready(url_of(sock))
-        server.run(sockets=[sock])
+        with _stop_signals_end_quietly():
+            server.run(sockets=[sock])
     finally:
         sock.close()
+
+
+@contextlib.contextmanager
+def _stop_signals_end_quietly() -> Iterator[None]:
+    """uvicorn shuts down gracefully on SIGINT or SIGTERM, then raises the signal again for the
+    handler it found. That handler does nothing here: a stop signal is how an operator or a
+    supervisor ends the page, and it exits 0."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
