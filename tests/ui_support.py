@@ -81,6 +81,16 @@ class Browser:
         if message.type == "error":
             self.errors.append(f"console: {message.text}")
 
+    def leave(self) -> None:
+        """Stop the page's live parts (before its server stops, or they report errors)."""
+        self.page.goto("about:blank")
+
+    def expect_error_page(self) -> None:
+        """An error page was loaded on purpose: the browser reports its status once; that
+        report is not a fault of the page."""
+        assert self.errors and "status of 404" in self.errors[-1], self.errors
+        self.errors.pop()
+
     def screenshot(self, name: str) -> Path:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         path = ARTIFACTS / f"{name}.png"
