@@ -535,13 +535,27 @@ SELECT c.id, c.workspace_id, w.name AS workspace_name, c.name, c.provider, c.sta
 SELECT set_config('statement_timeout', %(timeout)s, true);
 
 -- name: metrics_snapshot
--- What /metrics exports from the database, in one statement, hence from one snapshot. The queue
--- figures read only the non-terminal runs (the connection_runs_claimable partial index); run
--- counts and record totals read the retained run history, which retention bounds. Read-only.
-WITH runs AS (
+-- What /metrics exports from the database, in one statement, hence from one snapshot. Every part
+-- reads an index that holds only what it counts, so a scrape costs the same however much history
+-- retention keeps: the live runs and the queue (connection_runs_claimable), the runs finished in
+-- the last `window_seconds` and their per-table record counts (connection_runs_finished), the
+-- dead letters (connection_runs_dead_letters), and the workers. Read-only.
+WITH live AS (
     SELECT kind, provider, status, count(*) AS count
       FROM connection_runs
+     WHERE status IN ('waiting', 'queued', 'running')
      GROUP BY kind, provider, status
+), finished AS (
+    SELECT kind, provider, status, count(*) AS count
+      FROM connection_runs
+     WHERE finished_at IS NOT NULL
+       AND finished_at > now() - make_interval(secs => %(window_seconds)s)
+     GROUP BY kind, provider, status
+), dead AS (
+    SELECT kind, provider, count(*) AS count
+      FROM connection_runs
+     WHERE status = 'failed'
+     GROUP BY kind, provider
 ), queue AS (
     SELECT count(*) FILTER (WHERE status = 'queued' AND queued_at <= now()) AS due,
            count(*) FILTER (WHERE status = 'queued' AND queued_at > now()) AS delayed,
@@ -566,7 +580,8 @@ WITH runs AS (
       FROM connection_runs r
      CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(r.results) = 'object'
                                         THEN r.results ELSE '{}' END) AS t(name, result)
-     WHERE r.kind = 'sync' AND r.status IN ('succeeded', 'partial', 'failed', 'cancelled')
+     WHERE r.kind = 'sync' AND r.finished_at IS NOT NULL
+       AND r.finished_at > now() - make_interval(secs => %(window_seconds)s)
      GROUP BY r.provider
 ), workers AS (
     SELECT CASE WHEN stopped_at IS NOT NULL THEN 'stopped'
@@ -577,7 +592,9 @@ WITH runs AS (
       FROM workers
      GROUP BY 1
 )
-SELECT (SELECT coalesce(jsonb_agg(to_jsonb(runs)), '[]') FROM runs) AS runs,
+SELECT (SELECT coalesce(jsonb_agg(to_jsonb(live)), '[]') FROM live) AS live,
+       (SELECT coalesce(jsonb_agg(to_jsonb(finished)), '[]') FROM finished) AS finished,
+       (SELECT coalesce(jsonb_agg(to_jsonb(dead)), '[]') FROM dead) AS dead,
        (SELECT to_jsonb(queue) FROM queue) AS queue,
        (SELECT coalesce(jsonb_agg(to_jsonb(records)), '[]') FROM records) AS records,
        (SELECT coalesce(jsonb_object_agg(state, count), '{}') FROM workers) AS workers;

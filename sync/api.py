@@ -416,16 +416,20 @@ class Engine:
         interval = self.settings.heartbeat_interval
         return [(w, worker_state(w, interval)) for w in self.workers()]
 
-    def metrics_snapshot(self, *, timeout: float = 5.0) -> MetricsSnapshot:
-        """The figures ``/metrics`` exports from the database, read in one statement that may
-        take at most ``timeout`` seconds. Not available to a workspace-scoped engine."""
+    def metrics_snapshot(
+        self, *, window_seconds: float = 3600.0, timeout: float = 5.0
+    ) -> MetricsSnapshot:
+        """The figures ``/metrics`` exports from the database (finished runs and their records
+        over the last ``window_seconds``), read in one statement that may take at most
+        ``timeout`` seconds. Not available to a workspace-scoped engine."""
         if self._workspace_id is not None:
             raise InvalidInput("a workspace-scoped engine cannot read fleet-wide metrics")
-        stale_after = STALE_HEARTBEATS * self.settings.heartbeat_interval
+        params = {
+            "window_seconds": window_seconds,
+            "stale_after_seconds": STALE_HEARTBEATS * self.settings.heartbeat_interval,
+        }
         with self.pool.connection() as conn, conn.transaction():
             conn.execute(QUERIES.metrics_statement_timeout, {"timeout": f"{int(timeout * 1000)}"})
-            row = conn.execute(
-                QUERIES.metrics_snapshot, {"stale_after_seconds": stale_after}
-            ).fetchone()
+            row = conn.execute(QUERIES.metrics_snapshot, params).fetchone()
         assert row is not None
-        return MetricsSnapshot.from_row(row)
+        return MetricsSnapshot.from_row(row, window_seconds)

@@ -92,8 +92,8 @@ class RunCount:
 
 @dataclass(frozen=True)
 class RecordTotals:
-    """Records written by the finished syncs of one provider still in the run history, summed
-    over their per-table results."""
+    """Records written by the syncs of one provider that finished in the metrics window,
+    summed over their per-table results."""
 
     provider: str
     upserted: int
@@ -115,16 +115,22 @@ class QueueFigures:
 class MetricsSnapshot:
     """The database's figures at one instant (one statement, one snapshot)."""
 
-    runs: tuple[RunCount, ...]
+    window_seconds: float  # finished runs and their records count over this much past
+    live: tuple[RunCount, ...]  # waiting, queued and running runs
+    finished: tuple[RunCount, ...]  # runs that finished within the window
+    dead_letters: tuple[RunCount, ...]  # failed runs (status "failed"), whenever they failed
     queue: QueueFigures
     records: tuple[RecordTotals, ...]
     workers: dict[WorkerState, int]
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> MetricsSnapshot:
+    def from_row(cls, row: dict[str, Any], window_seconds: float) -> MetricsSnapshot:
         queue = row["queue"]
         return cls(
-            runs=tuple(RunCount(**r) for r in row["runs"]),
+            window_seconds=window_seconds,
+            live=tuple(RunCount(**r) for r in row["live"]),
+            finished=tuple(RunCount(**r) for r in row["finished"]),
+            dead_letters=tuple(RunCount(status="failed", **r) for r in row["dead"]),
             queue=QueueFigures(
                 due=queue["due"],
                 delayed=queue["delayed"],

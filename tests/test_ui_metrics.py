@@ -47,14 +47,20 @@ def test_metrics_match_the_database_after_a_scripted_set_of_runs(
             data.failures["notes"] = (0, PermanentError("the provider refused"))
         return engine.create_connection(ws.id, name, "memory", config={"dataset": key}).id
 
-    # Two syncs that succeed (the second finds everything unchanged), one that fails, one
-    # cancelled before it started, one queued, one queued for later, one whose worker died.
+    # Two syncs that succeed (the second finds everything unchanged), one that fails, one that
+    # failed two hours ago, one cancelled before it started, one queued, one queued for later,
+    # one whose worker died.
     ok = connection("ok", 5)
     assert run_sync(engine, ok).status == "succeeded"
     assert run_sync(engine, ok).status == "succeeded"
     assert run_sync(engine, connection("broken", 1, fail=True)).status == "failed"
+    old_failure = run_sync(engine, connection("broken long ago", 1, fail=True))
+    admin.execute(
+        "UPDATE connection_runs SET finished_at = now() - interval '2 hours' WHERE id = %s",
+        (old_failure.id,),
+    )
     engine.cancel_run(engine.sync(connection("cancelled", 1)).id)
-    # Workers (with nothing left to claim): the three run_sync polled and "alive" are alive,
+    # Workers (with nothing left to claim): the four run_sync polled and "alive" are alive,
     # "silent" has sent no heartbeat for an hour, "gone" stopped.
     engine.worker(listen=False, worker_id="alive").poll()
     engine.worker(listen=False, worker_id="silent").poll()
@@ -83,16 +89,31 @@ def test_metrics_match_the_database_after_a_scripted_set_of_runs(
     samples = scrape(engine)
 
     assert samples[("connector_sync_database_up", ())] == 1
-    expected_runs = {
-        (("kind", r["kind"]), ("provider", r["provider"]), ("status", r["status"])): r["n"]
-        for r in admin.execute(
+
+    def counts(where: str) -> dict[tuple[tuple[str, str], ...], int]:
+        rows = admin.execute(
             "SELECT kind, provider, status, count(*) AS n FROM connection_runs "
-            "GROUP BY kind, provider, status"
+            f"WHERE {where} GROUP BY kind, provider, status"
         )
+        return {
+            (("kind", r["kind"]), ("provider", r["provider"]), ("status", r["status"])): r["n"]
+            for r in rows
+        }
+
+    live = counts("status IN ('waiting', 'queued', 'running')")
+    assert labelled(samples, "connector_sync_runs") == live
+    assert Counter({labels[2][1]: n for labels, n in live.items()}) == {"queued": 2, "running": 1}
+    finished = counts("finished_at > now() - interval '1 hour'")
+    assert labelled(samples, "connector_sync_runs_finished") == finished
+    assert Counter({labels[2][1]: n for labels, n in finished.items()}) == {
+        "succeeded": 2,
+        "cancelled": 1,
+        "failed": 1,
     }
-    assert labelled(samples, "connector_sync_runs") == expected_runs
-    by_status = Counter({labels[2][1]: n for labels, n in expected_runs.items()})
-    assert by_status == {"succeeded": 2, "failed": 1, "cancelled": 1, "queued": 2, "running": 1}
+    # Dead letters count every failed run, the one that failed before the window too.
+    dead = {(k, p): n for (k, p, _), n in counts("status = 'failed'").items()}
+    assert labelled(samples, "connector_sync_runs_dead_letters") == dead
+    assert sum(dead.values()) == 2
 
     runs_queue = (("queue", "runs"),)
     assert samples[("connector_sync_queue_depth", runs_queue)] == 1
@@ -102,10 +123,10 @@ def test_metrics_match_the_database_after_a_scripted_set_of_runs(
     assert samples[("connector_sync_run_oldest_running_seconds", ())] >= 7200
     assert samples[("connector_sync_runs_waiting", ())] == 0
 
-    # Records, from the finished syncs' per-table results, summed here by hand.
+    # Records, from the per-table results of the syncs finished in the hour, summed by hand.
     totals: Counter[str] = Counter()
     for run in engine.runs(limit=1000):
-        if run.is_terminal:
+        if run.is_terminal and run.id != old_failure.id:
             for result in run.results.values():
                 for outcome in ("upserted", "unchanged", "tombstoned"):
                     totals[outcome] += result.get(outcome, 0)
@@ -116,7 +137,7 @@ def test_metrics_match_the_database_after_a_scripted_set_of_runs(
     }
 
     states = {labels[0][1]: n for labels, n in labelled(samples, "connector_sync_workers").items()}
-    assert states == {"alive": 4, "stale": 1, "stopped": 1}
+    assert states == {"alive": 5, "stale": 1, "stopped": 1}
 
 
 def test_an_empty_database_exports_zeros_not_gaps(engine: Engine) -> None:
@@ -124,8 +145,49 @@ def test_an_empty_database_exports_zeros_not_gaps(engine: Engine) -> None:
     assert samples[("connector_sync_queue_depth", (("queue", "runs"),))] == 0
     assert samples[("connector_sync_queue_oldest_due_seconds", (("queue", "runs"),))] == 0
     assert labelled(samples, "connector_sync_runs") == {}
+    assert labelled(samples, "connector_sync_runs_finished") == {}
+    assert labelled(samples, "connector_sync_runs_dead_letters") == {}
     assert {labels[0][1] for labels in labelled(samples, "connector_sync_workers")} == {
         "alive",
         "stale",
         "stopped",
     }
+
+
+HISTORY = """
+INSERT INTO workspaces (name) SELECT 'ws' || g FROM generate_series(1, 20) g;
+INSERT INTO connections (workspace_id, name, provider)
+SELECT 1 + g % 20, 'c' || g, 'memory' FROM generate_series(1, 200) g;
+INSERT INTO connection_runs (connection_id, workspace_id, provider, status, attempts,
+                             queued_at, started_at, finished_at, results)
+SELECT 1 + g % 200, 1 + (g % 200) % 20, 'memory',
+       CASE WHEN g % 100 = 0 THEN 'failed' ELSE 'succeeded' END, 1,
+       now() - interval '2 days', now() - interval '2 days', now() - interval '2 days',
+       '{"items": {"status": "succeeded", "upserted": 3, "unchanged": 9, "tombstoned": 0}}'
+  FROM generate_series(1, 100000) g;
+INSERT INTO connection_runs (connection_id, workspace_id, provider, status)
+SELECT id, workspace_id, provider, 'queued' FROM connections WHERE id <= 5;
+"""
+
+
+def test_a_scrape_reads_no_history_outside_its_window(engine: Engine, admin: Any) -> None:
+    """With 100,000 runs that finished days ago, the snapshot reads only the indexes of what it
+    counts: no sequential scan of connection_runs, a few hundred buffers, not the table."""
+    from sync.queries import QUERIES
+    from tests.plans import explained, nodes
+
+    admin.execute(HISTORY)
+    admin.execute("VACUUM ANALYZE connection_runs")  # as autovacuum leaves a settled table
+    row, plans = explained(
+        admin, QUERIES.metrics_snapshot, {"window_seconds": 3600, "stale_after_seconds": 45}
+    )
+    assert row is not None and row["finished"] == [] and len(row["live"]) == 1
+    assert row["dead"] == [{"kind": "sync", "provider": "memory", "count": 1000}]
+    plan = plans[-1]["Plan"]
+    scans = [n for n in nodes(plan) if n.get("Relation Name") == "connection_runs"]
+    assert scans and not any(n["Node Type"] == "Seq Scan" for n in scans), scans
+    table_blocks = admin.execute(
+        "SELECT relpages FROM pg_class WHERE oid = 'connection_runs'::regclass"
+    ).fetchone()["relpages"]
+    touched = sum(n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0) for n in scans)
+    assert touched < table_blocks / 10, (touched, table_blocks)

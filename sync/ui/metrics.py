@@ -2,9 +2,10 @@
 by a custom collector (one statement, one snapshot, bounded by a statement timeout).
 
 These figures come from the database, so every replica of the page reports the same thing and
-they survive worker restarts: runs by kind, provider and status; the queue's depth, delayed
-retries and oldest due run; runs whose lease lapsed and the longest-running run; records
-upserted, unchanged and tombstoned by finished syncs still in the run history; workers by state.
+they survive worker restarts: unfinished runs by kind, provider and status; runs finished in the
+last hour and the records their syncs upserted, left unchanged and tombstoned; the dead letters;
+the queue's depth, delayed retries and oldest due run; runs whose lease lapsed and the
+longest-running run; workers by state.
 What only a worker process sees (how long claims and runs take, lease losses, rate-limit waits)
 belongs in that worker's own registry, not here.
 """
@@ -24,6 +25,7 @@ from starlette.routing import BaseRoute, Route
 
 from sync.api import Engine
 from sync.overview import MetricsSnapshot
+from sync.ui import display
 
 log = logging.getLogger("sync.ui.metrics")
 
@@ -58,15 +60,28 @@ class DatabaseCollector(Collector):
 
 
 def families(snapshot: MetricsSnapshot) -> Iterator[GaugeMetricFamily]:
-    runs = GaugeMetricFamily(
-        f"{PREFIX}_runs",
-        "Runs in the database (history is kept for the retention period), by kind, provider "
-        "and status; status failed is the dead letters",
-        labels=["kind", "provider", "status"],
+    window = display.duration(snapshot.window_seconds)
+    labels = ["kind", "provider", "status"]
+    live = GaugeMetricFamily(
+        f"{PREFIX}_runs", "Runs not finished yet (waiting, queued, running)", labels=labels
     )
-    for r in snapshot.runs:
-        runs.add_metric([r.kind, r.provider, r.status], r.count)
-    yield runs
+    for r in snapshot.live:
+        live.add_metric([r.kind, r.provider, r.status], r.count)
+    yield live
+    finished = GaugeMetricFamily(
+        f"{PREFIX}_runs_finished", f"Runs that finished in the last {window}", labels=labels
+    )
+    for r in snapshot.finished:
+        finished.add_metric([r.kind, r.provider, r.status], r.count)
+    yield finished
+    dead = GaugeMetricFamily(
+        f"{PREFIX}_runs_dead_letters",
+        "Runs that failed for good (status failed) and wait for an operator's retry",
+        labels=["kind", "provider"],
+    )
+    for r in snapshot.dead_letters:
+        dead.add_metric([r.kind, r.provider], r.count)
+    yield dead
 
     q = snapshot.queue
     depth = GaugeMetricFamily(
@@ -105,8 +120,8 @@ def families(snapshot: MetricsSnapshot) -> Iterator[GaugeMetricFamily]:
 
     records = GaugeMetricFamily(
         f"{PREFIX}_run_records",
-        "Records upserted, unchanged and tombstoned by finished syncs in the run history, "
-        "from their per-table results",
+        f"Records upserted, unchanged and tombstoned by the syncs that finished in the last "
+        f"{window}, from their per-table results",
         labels=["provider", "outcome"],
     )
     for t in snapshot.records:
