@@ -88,3 +88,17 @@ def test_with_a_token_it_serves_any_address_and_asks_every_request_for_it(schema
     assert "Traceback" not in output
     assert password not in output and token not in output
     assert any("GET /runs" in line and "401" in line for line in seen)  # the access log
+
+
+def test_it_refuses_to_serve_a_database_whose_schema_is_behind(schema: str) -> None:
+    result = subprocess.run(
+        [str(SCRIPT), "ui", "--port", "0"],
+        env=environment(schema),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and "run `connector-sync migrate`" in lines[-1]
+    assert "serving" not in result.stderr
