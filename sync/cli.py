@@ -873,8 +873,8 @@ def ui_command(
         "(CONNECTOR_SYNC_UI_AUTH_HEADER).",
     ),
 ) -> None:
-    """Serve the operator web page and /metrics. Only on 127.0.0.1 unless CONNECTOR_SYNC_UI_TOKEN
-    or --auth-header says who may use it."""
+    """Serve the operator web page and /metrics. Only on a loopback address unless
+    CONNECTOR_SYNC_UI_TOKEN or --auth-header says who may use it."""
     from dataclasses import replace
 
     from sync.ui import UiOptions, serve
@@ -891,7 +891,7 @@ def ui_command(
         token=token or None,
         auth_header=auth_header or settings.ui_auth_header or None,
     )
-    options.access.check_bind(host)  # before touching the database
+    options.access.check(host)  # before touching the database
     with open_engine(settings) as engine:
         database = _session.where or describe(engine.url)
         _session.announce()

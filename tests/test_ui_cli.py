@@ -40,6 +40,16 @@ def test_a_non_local_bind_refuses_to_start_without_authentication(host: str) -> 
     assert "CONNECTOR_SYNC_UI_TOKEN" in lines[0] and "--auth-header" in lines[0]
 
 
+def test_a_token_short_enough_to_guess_is_refused() -> None:
+    env = environment("sync", CONNECTOR_SYNC_UI_TOKEN="x7Qz-short")
+    result = subprocess.run(
+        [str(SCRIPT), "ui", "--host", "0.0.0.0"], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: CONNECTOR_SYNC_UI_TOKEN is too short")
+    assert "x7Qz-short" not in result.stderr
+
+
 def test_with_a_token_it_serves_any_address_and_asks_every_request_for_it(schema: str) -> None:
     subprocess.run(
         [str(SCRIPT), "migrate"], env=environment(schema), check=True, capture_output=True

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sync.errors import InvalidInput
 
 SESSION_COOKIE = "connector_sync_session"
+MIN_TOKEN_LENGTH = 16
 OPEN_PATHS = ("/static/", "/login")  # the sign-in page and the files it needs
 
 
@@ -45,8 +46,14 @@ class AccessRule:
     def open(self) -> bool:
         return self.token is None and self.auth_header is None
 
-    def check_bind(self, host: str) -> None:
-        """Refuse to serve a non-loopback address without authentication."""
+    def check(self, host: str) -> None:
+        """Refuse to start on a non-loopback address without authentication, or with a token
+        short enough to guess."""
+        if self.token is not None and len(self.token) < MIN_TOKEN_LENGTH:
+            raise InvalidInput(
+                f"CONNECTOR_SYNC_UI_TOKEN is too short: use at least {MIN_TOKEN_LENGTH} random "
+                "characters (python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
         if self.open and not is_loopback(host):
             raise InvalidInput(
                 f"refusing to serve the operator page on {host} without authentication: set "

@@ -24,6 +24,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sync import redact
 from sync.api import Engine
 from sync.errors import Conflict, DatabaseUnavailable, InvalidInput, NotFound, SyncError
 from sync.ui import connections, login, metrics, runs, workers
@@ -100,6 +101,8 @@ def create_app(engine: Engine, options: UiOptions | None = None) -> Starlette:
             PoolTimeout: _database_down,
         },
     )
+    if options.token:
+        redact.register([options.token])  # scrubbed from any log line, like credentials
     app.state.engine = engine
     app.state.options = options
     app.state.nav = [page.NAV for page in PAGES if page.NAV is not None]

@@ -49,7 +49,6 @@ def server_for(engine: Engine, options: UiOptions) -> uvicorn.Server:
         create_app(engine, options),
         log_config=None,  # our logging: one line per request through the `uvicorn` loggers
         access_log=True,
-        proxy_headers=options.auth_header is not None,
         server_header=False,
         lifespan="off",
     )
@@ -65,7 +64,7 @@ def serve(
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM. Refuses a non-loopback address without authentication."""
-    options.access.check_bind(host)
+    options.access.check(host)
     sock = bind(host, port)
     try:
         server = server_for(engine, options)
