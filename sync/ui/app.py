@@ -46,7 +46,6 @@ SECURITY_HEADERS = {
     "x-content-type-options": "nosniff",
     "referrer-policy": "no-referrer",
     "x-frame-options": "DENY",
-    "cache-control": "no-store",
 }
 
 
@@ -75,6 +74,8 @@ class SecurityHeaders:
                 for name, value in SECURITY_HEADERS.items():
                     if name.encode() not in present:
                         headers.append((name.encode(), value.encode()))
+                if not scope["path"].startswith("/static/"):  # pages are live; files are not
+                    headers.append((b"cache-control", b"no-store"))
                 message = {**message, "headers": headers}
             await send(message)
 
