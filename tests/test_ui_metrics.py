@@ -11,7 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from connectors import PermanentError
 from sync import Engine
+from sync.queries import QUERIES
 from sync.testing import run_sync
+from tests.plans import explained, nodes
 from tests.test_sync_flow import items, new_dataset
 from tests.ui_support import serving
 
@@ -161,7 +163,7 @@ SELECT 1 + g % 20, 'c' || g, 'memory' FROM generate_series(1, 200) g;
 INSERT INTO connection_runs (connection_id, workspace_id, provider, status, attempts,
                              queued_at, started_at, finished_at, results)
 SELECT 1 + g % 200, 1 + (g % 200) % 20, 'memory',
-       CASE WHEN g % 100 = 0 THEN 'failed' ELSE 'succeeded' END, 1,
+       CASE WHEN g % 1000 = 0 THEN 'failed' ELSE 'succeeded' END, 1,
        now() - interval '2 days', now() - interval '2 days', now() - interval '2 days',
        '{"items": {"status": "succeeded", "upserted": 3, "unchanged": 9, "tombstoned": 0}}'
   FROM generate_series(1, 100000) g;
@@ -171,23 +173,23 @@ SELECT id, workspace_id, provider, 'queued' FROM connections WHERE id <= 5;
 
 
 def test_a_scrape_reads_no_history_outside_its_window(engine: Engine, admin: Any) -> None:
-    """With 100,000 runs that finished days ago, the snapshot reads only the indexes of what it
-    counts: no sequential scan of connection_runs, a few hundred buffers, not the table."""
-    from sync.queries import QUERIES
-    from tests.plans import explained, nodes
-
+    """With 100,000 runs that finished days ago (100 of them failed), the snapshot reads only
+    the indexes of what it counts: no sequential scan of connection_runs, a few hundred
+    buffers, not the table."""
     admin.execute(HISTORY)
     admin.execute("VACUUM ANALYZE connection_runs")  # as autovacuum leaves a settled table
     row, plans = explained(
         admin, QUERIES.metrics_snapshot, {"window_seconds": 3600, "stale_after_seconds": 45}
     )
     assert row is not None and row["finished"] == [] and len(row["live"]) == 1
-    assert row["dead"] == [{"kind": "sync", "provider": "memory", "count": 1000}]
+    assert row["dead"] == [{"kind": "sync", "provider": "memory", "count": 100}]
     plan = plans[-1]["Plan"]
     scans = [n for n in nodes(plan) if n.get("Relation Name") == "connection_runs"]
     assert scans and not any(n["Node Type"] == "Seq Scan" for n in scans), scans
+    # Each dead letter may cost one visit of its table page (when other sessions keep VACUUM
+    # from marking pages all-visible), the rest is index pages: far from the table's size.
+    touched = sum(n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0) for n in scans)
     table_blocks = admin.execute(
         "SELECT relpages FROM pg_class WHERE oid = 'connection_runs'::regclass"
     ).fetchone()["relpages"]
-    touched = sum(n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0) for n in scans)
-    assert touched < table_blocks / 10, (touched, table_blocks)
+    assert touched < 300 < table_blocks, (touched, table_blocks)
