@@ -855,6 +855,55 @@ def demo(
         raise typer.Exit(RUN_FAILED)
 
 
+# -- the operator web page ----------------------------------------------------------------------
+
+
+@app.command("ui")
+@guarded
+def ui_command(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port (0: any free one)."),
+    read_only: bool = typer.Option(
+        False, "--read-only", help="Show everything; refuse every action."
+    ),
+    auth_header: str | None = typer.Option(
+        None,
+        "--auth-header",
+        help="A header naming the user, set by a reverse proxy you trust "
+        "(CONNECTOR_SYNC_UI_AUTH_HEADER).",
+    ),
+) -> None:
+    """Serve the operator web page and /metrics. Only on a loopback address unless
+    CONNECTOR_SYNC_UI_TOKEN or --auth-header says who may use it."""
+    from dataclasses import replace
+
+    from sync.ui import UiOptions, serve
+
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    settings = load_settings()
+    token = settings.ui_token.get_secret_value() if settings.ui_token else None
+    options = UiOptions(
+        read_only=read_only,
+        token=token or None,
+        auth_header=auth_header or settings.ui_auth_header or None,
+    )
+    options.access.check(host)  # before touching the database
+    with open_engine(settings) as engine:
+        database = _session.where or describe(engine.url)
+        _session.announce()
+
+        def ready(url: str) -> None:
+            mode = " (read-only)" if read_only else ""
+            print(f"serving the operator page on {url}{mode}", file=sys.stderr, flush=True)
+
+        options = replace(options, database=database)
+        serve(engine, options, host=host, port=port, on_ready=ready)
+
+
 def main() -> None:
     app(prog_name="connector-sync")
 
