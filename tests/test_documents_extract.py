@@ -178,6 +178,7 @@ def test_media_type_of(name: str, declared: str | None, head: bytes, expected: M
 def test_unsupported_media_type_is_one_clear_line() -> None:
     with pytest.raises(
         UnsupportedDocument,
-        match=r"^photo.jpg is image/jpeg, which cannot be indexed; supported: text, Markdown, HTML and PDF$",
+        match=r"^photo.jpg is image/jpeg, which cannot be indexed; supported: text, Markdown, "
+        r"HTML and PDF$",
     ):
         media_type_of("photo.jpg")

@@ -1,0 +1,245 @@
+"""The chunk store and search, one behaviour suite run on every storage set-up: the system
+Postgres 15 without pgvector (real[]), and an embedded Postgres 16 with pgvector created by the
+migration, pgvector installed beforehand in another schema, and a migrating role that may not
+create extensions."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from sync.documents import (
+    Chunk,
+    HashingEmbedder,
+    VectorStorage,
+    add_document,
+    count_chunks,
+    delete_chunks_from,
+    search,
+    upsert_chunks,
+    vector_storage,
+)
+from sync.migrations import grant
+from tests.documents_databases import SETUPS, ChunkDatabase, chunk_database, start_pgserver
+
+EMBEDDER = HashingEmbedder()
+
+CORPUS = [
+    "Structural steel beams for level three are W12x26, revision C of drawing S-301.",
+    "Concrete pour schedule: slab on grade Tuesday, elevated deck the following week.",
+    "Fire door hardware: closers, panic bars and magnetic hold-opens per section 08 71 00.",
+    "Site walk notes: guardrails missing on the east stair, fix before Friday's inspection.",
+    "Steel erection sequence follows the crane plan; beams are bolted before welding.",
+]
+
+
+@pytest.fixture(scope="module")
+def pgserver() -> Iterator[Any]:
+    # Not under pytest's base temporary directory: pytest keeps only the last three of those
+    # per user, so other pytest sessions starting on this machine delete the oldest one, and a
+    # Postgres whose data directory disappears shuts down at once.
+    directory = Path(tempfile.mkdtemp(prefix="connector-sync-pgserver-"))
+    server = start_pgserver(directory / "pgdata")
+    try:
+        yield server
+    finally:
+        server.cleanup()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(params=SETUPS)
+def db(request: pytest.FixtureRequest) -> Iterator[ChunkDatabase]:
+    server = None if request.param == "postgres-real[]" else request.getfixturevalue("pgserver")
+    with chunk_database(request.param, server) as database:
+        yield database
+
+
+def _chunks(texts: list[str], page: int = 1) -> list[Chunk]:
+    return [Chunk(i, page, text) for i, text in enumerate(texts)]
+
+
+def _index(conn: psycopg.Connection[Any], workspace: int, name: str, texts: list[str]) -> int:
+    document = add_document(conn, workspace, name, "text/plain")
+    upsert_chunks(conn, document, _chunks(texts), EMBEDDER.embed(texts), model=EMBEDDER.model)
+    return document
+
+
+def test_embeddings_are_stored_as_the_setup_allows(db: ChunkDatabase) -> None:
+    with db.connect() as conn:
+        assert vector_storage(conn) is db.expected
+
+
+def test_a_replayed_batch_rewrites_nothing(db: ChunkDatabase) -> None:
+    with db.connect() as conn:
+        document = _index(conn, db.workspaces[0], "spec.txt", CORPUS)
+        before = conn.execute(
+            "SELECT chunk_index, xmin::text FROM document_chunks ORDER BY 1"
+        ).fetchall()
+        again = upsert_chunks(
+            conn, document, _chunks(CORPUS), EMBEDDER.embed(CORPUS), model=EMBEDDER.model
+        )
+        after = conn.execute(
+            "SELECT chunk_index, xmin::text FROM document_chunks ORDER BY 1"
+        ).fetchall()
+        assert again == 0 and after == before  # no new row version
+        changed = [*CORPUS[:2], "a new third chunk", *CORPUS[3:]]
+        assert (
+            upsert_chunks(
+                conn, document, _chunks(changed), EMBEDDER.embed(changed), model=EMBEDDER.model
+            )
+            == 1
+        )
+        texts = [
+            r[0] for r in conn.execute("SELECT text FROM document_chunks ORDER BY chunk_index")
+        ]
+        assert texts == changed
+
+
+def test_the_tail_of_a_longer_version_is_deleted(db: ChunkDatabase) -> None:
+    with db.connect() as conn:
+        document = _index(conn, db.workspaces[0], "spec.txt", CORPUS)
+        other = _index(conn, db.workspaces[0], "other.txt", CORPUS)
+        assert delete_chunks_from(conn, document, 2) == 3
+        assert count_chunks(conn, document) == 2 and count_chunks(conn, other) == 5
+        indexes = [
+            r[0]
+            for r in conn.execute(
+                "SELECT chunk_index FROM document_chunks WHERE document_id = %s ORDER BY 1",
+                (document,),
+            )
+        ]
+        assert indexes == [0, 1]
+
+
+def test_writes_commit_with_the_callers_transaction(db: ChunkDatabase) -> None:
+    with db.connect() as conn:
+        document = add_document(conn, db.workspaces[0], "spec.txt", "text/plain")
+        with pytest.raises(RuntimeError), conn.transaction():
+            upsert_chunks(
+                conn, document, _chunks(CORPUS), EMBEDDER.embed(CORPUS), model=EMBEDDER.model
+            )
+            raise RuntimeError("the fence said the lease is lost")
+        assert count_chunks(conn, document) == 0
+
+
+def test_search_ranks_matching_chunks_first_with_document_and_page(db: ChunkDatabase) -> None:
+    with db.connect() as conn:
+        document = add_document(conn, db.workspaces[0], "plans.pdf", "application/pdf")
+        chunks = [Chunk(i, i + 1, text) for i, text in enumerate(CORPUS)]
+        upsert_chunks(conn, document, chunks, EMBEDDER.embed(CORPUS), model=EMBEDDER.model)
+        hits = search(conn, db.workspaces[0], "steel beams", EMBEDDER, limit=3)
+    assert [h.chunk_index for h in hits[:2]] == [0, 4]
+    top = hits[0]
+    assert (top.document_id, top.document_name, top.page) == (document, "plans.pdf", 1)
+    assert top.text == CORPUS[0]
+    assert top.similarity is not None and top.similarity > 0.3 and top.text_rank is not None
+    scores = [h.score for h in hits]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_search_never_returns_another_workspaces_chunks(db: ChunkDatabase) -> None:
+    mine, theirs = db.workspaces
+    with db.connect() as conn:
+        own = _index(conn, mine, "mine.txt", CORPUS[:2])
+        _index(conn, theirs, "theirs.txt", CORPUS)
+        hits = search(conn, mine, "steel beams concrete fire door guardrails", EMBEDDER, limit=50)
+        assert hits and {h.document_id for h in hits} == {own}
+        # Only their document has the word; in mine, at most a hashing collision is found.
+        assert all(h.document_id == own for h in search(conn, mine, "guardrails", EMBEDDER))
+
+
+def test_a_chunk_cannot_be_filed_in_another_workspace(db: ChunkDatabase) -> None:
+    mine, theirs = db.workspaces
+    with db.connect() as conn:
+        document = _index(conn, mine, "mine.txt", CORPUS[:1])
+        with pytest.raises(psycopg.errors.ForeignKeyViolation):
+            conn.execute(
+                "UPDATE document_chunks SET workspace_id = %s WHERE document_id = %s",
+                (theirs, document),
+            )
+
+
+def test_vectors_of_another_model_are_not_compared(db: ChunkDatabase) -> None:
+    with db.connect() as conn:
+        _index(conn, db.workspaces[0], "spec.txt", CORPUS)
+        hits = search(conn, db.workspaces[0], "steel beams", HashingEmbedder(32))
+    assert [h.chunk_index for h in hits] == [0, 4]  # found by their words only
+    assert all(h.similarity is None for h in hits)
+
+
+def test_deleting_a_document_deletes_its_chunks(db: ChunkDatabase) -> None:
+    with db.connect() as conn:
+        document = _index(conn, db.workspaces[0], "spec.txt", CORPUS)
+        conn.execute("DELETE FROM documents WHERE id = %s", (document,))
+        assert count_chunks(conn, document) == 0
+
+
+def test_a_query_without_words_finds_nothing(db: ChunkDatabase) -> None:
+    with db.connect() as conn:
+        _index(conn, db.workspaces[0], "spec.txt", CORPUS)
+        assert search(conn, db.workspaces[0], " -- ?! ", EMBEDDER) == []
+
+
+def test_both_storages_rank_alike(tmp_path: Path, pgserver: Any) -> None:
+    """pgvector's distance and the real[] fallback's SQL give the same ranking and scores."""
+    results = []
+    for setup in ("postgres-real[]", "pgvector"):
+        with chunk_database(setup, pgserver) as database, database.connect() as conn:
+            _index(conn, database.workspaces[0], "spec.txt", CORPUS)
+            hits = search(
+                conn, database.workspaces[0], "steel beam crane welding", EMBEDDER, limit=5
+            )
+            results.append(hits)
+    array, vector = results
+    assert [h.chunk_index for h in array] == [h.chunk_index for h in vector]
+    for a, v in zip(array, vector, strict=True):
+        assert a.score == pytest.approx(v.score)
+        assert (a.similarity is None) == (v.similarity is None)
+        if a.similarity is not None and v.similarity is not None:
+            assert a.similarity == pytest.approx(v.similarity, abs=1e-6)
+
+
+def test_pgvector_computes_the_similarity(pgserver: Any) -> None:
+    with chunk_database("pgvector", pgserver) as database, database.connect() as conn:
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                "EXPLAIN VERBOSE SELECT document_similarity(embedding, '{1,0}'::real[]) "
+                "FROM document_chunks"
+            )
+        )
+    assert "<=>" in plan  # pgvector's operator, inlined; not the fallback's SQL
+
+
+def test_a_runtime_role_with_data_rights_only_can_index_and_search(pgserver: Any) -> None:
+    with chunk_database("pgvector", pgserver) as database:
+        role = f"runtime_{uuid.uuid4().hex[:8]}"
+        with database.connect(row_factory=dict_row) as admin:
+            admin.execute(f"CREATE ROLE {role} LOGIN")
+            grant(admin, "sync", role)
+        try:
+            runtime = ChunkDatabase(
+                database.setup,
+                psycopg.conninfo.make_conninfo(database.url, user=role),
+                "sync",
+                database.expected,
+                database.workspaces,
+            )
+            with runtime.connect() as conn:
+                assert vector_storage(conn) is VectorStorage.PGVECTOR
+                _index(conn, database.workspaces[0], "spec.txt", CORPUS)
+                assert (
+                    search(conn, database.workspaces[0], "fire door", EMBEDDER)[0].chunk_index == 2
+                )
+        finally:
+            with database.connect() as admin:
+                admin.execute(f"DROP OWNED BY {role}")
+                admin.execute(f"DROP ROLE {role}")
