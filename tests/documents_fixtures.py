@@ -35,7 +35,7 @@ def zip_bytes(
     encrypted: Sequence[str] = (),
     symlinks: Sequence[str] = (),
 ) -> bytes:
-    """A ZIP of ``(name, content)`` members. Names in ``encrypted`` carry the encryption flag,
+    """A ZIP of ``(name, content)`` members. Names in ``encrypted`` are flagged encrypted,
     names in ``symlinks`` are Unix symbolic links (their content is the link target)."""
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", compression=compression) as archive:
@@ -45,7 +45,26 @@ def zip_bytes(
             info.create_system = 3
             mode = stat.S_IFLNK | 0o777 if name in symlinks else stat.S_IFREG | 0o644
             info.external_attr = mode << 16
-            if name in encrypted:
-                info.flag_bits |= 0x1
             archive.writestr(info, content)
-    return out.getvalue()
+    data = bytearray(out.getvalue())
+    for name in encrypted:
+        _flag_encrypted(data, name.encode())
+    return bytes(data)
+
+
+def _flag_encrypted(data: bytearray, name: bytes) -> None:
+    """Set bit 0 of the general purpose flags ("encrypted", APPNOTE 4.4.4) of member ``name``
+    in its local header and its central directory entry, as an encrypting archiver does.
+    (zipfile cannot encrypt; every reader decides from this bit.)"""
+    for signature, flags_at, name_length_at, name_at in (
+        (b"PK\x03\x04", 6, 26, 30),
+        (b"PK\x01\x02", 8, 28, 46),
+    ):
+        start = 0
+        while (start := data.find(signature, start)) >= 0:
+            length = int.from_bytes(
+                data[start + name_length_at : start + name_length_at + 2], "little"
+            )
+            if data[start + name_at : start + name_at + length] == name:
+                data[start + flags_at] |= 0x1
+            start += 4
