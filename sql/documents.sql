@@ -21,7 +21,7 @@ INSERT INTO document_chunks AS stored
 SELECT d.id, d.workspace_id, c.chunk_index, c.page, c.text, %(model)s,
        document_embedding(v.flat[(c.n - 1) * %(dims)s + 1 : c.n * %(dims)s])
   FROM documents d,
-       (SELECT %(vectors)s::real[] AS flat) v,
+       (SELECT %(vectors)b::real[] AS flat) v,
        unnest(%(indexes)s::integer[], %(pages)s::integer[], %(texts)s::text[])
            WITH ORDINALITY AS c (chunk_index, page, text, n)
  WHERE d.id = %(document_id)s
@@ -43,28 +43,16 @@ SELECT count(*) AS chunks FROM document_chunks WHERE document_id = %(document_id
 
 -- name: search_chunks
 -- The best chunks of one workspace for a query, never another workspace's: the `candidates`
--- nearest by vector (of the query's model only) and the `candidates` best by full-text rank
--- (any of the query's words), fused by reciprocal rank: score = sum of 1 / (rrf_k + rank) over
+-- best by full-text rank (any of the query's words) and the `candidates` nearest by vector (of
+-- the query's model only), fused by reciprocal rank: score = sum of 1 / (rrf_k + rank) over
 -- the two lists a chunk is in. Ties are broken by document and chunk index, so the order is
--- stable.
+-- stable. With `scan_all` (pgvector) the vector side ranks every chunk of the workspace; without
+-- (real[], whose similarity is SQL, about 100 times slower) it ranks the full-text candidates.
 WITH query AS (
     SELECT (SELECT string_agg(q::text, ' | ')
               FROM unnest(%(words)s::text[]) AS w,
                    plainto_tsquery('simple', w) AS q
              WHERE numnode(q) > 0)::tsquery AS tsq
-),
-by_vector AS (
-    SELECT c.document_id, c.chunk_index,
-           document_similarity(c.embedding, %(vector)s::real[]) AS similarity
-      FROM document_chunks c
-     WHERE c.workspace_id = %(workspace_id)s AND c.embedding_model = %(model)s
-     ORDER BY similarity DESC, c.document_id, c.chunk_index
-     LIMIT %(candidates)s
-),
-ranked_vector AS (
-    SELECT *, row_number() OVER (ORDER BY similarity DESC, document_id, chunk_index) AS rank
-      FROM by_vector
-     WHERE similarity > %(min_similarity)s
 ),
 by_text AS (
     SELECT c.document_id, c.chunk_index, ts_rank_cd(c.tsv, q.tsq) AS text_rank
@@ -72,6 +60,21 @@ by_text AS (
      WHERE c.workspace_id = %(workspace_id)s AND c.tsv @@ q.tsq
      ORDER BY text_rank DESC, c.document_id, c.chunk_index
      LIMIT %(candidates)s
+),
+by_vector AS (
+    SELECT c.document_id, c.chunk_index,
+           document_similarity(c.embedding, %(vector)s::real[]) AS similarity
+      FROM document_chunks c
+     WHERE c.workspace_id = %(workspace_id)s AND c.embedding_model = %(model)s
+       AND (%(scan_all)s OR (c.document_id, c.chunk_index) IN (SELECT document_id, chunk_index
+                                                                 FROM by_text))
+     ORDER BY similarity DESC, c.document_id, c.chunk_index
+     LIMIT %(candidates)s
+),
+ranked_vector AS (
+    SELECT *, row_number() OVER (ORDER BY similarity DESC, document_id, chunk_index) AS rank
+      FROM by_vector
+     WHERE similarity > %(min_similarity)s
 ),
 ranked_text AS (
     SELECT *, row_number() OVER (ORDER BY text_rank DESC, document_id, chunk_index) AS rank

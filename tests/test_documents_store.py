@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -243,3 +243,29 @@ def test_a_runtime_role_with_data_rights_only_can_index_and_search(pgserver: Any
             with database.connect() as admin:
                 admin.execute(f"DROP OWNED BY {role}")
                 admin.execute(f"DROP ROLE {role}")
+
+
+class _Synonyms:
+    """A stand-in for a semantic model: "car" and "automobile" point the same way."""
+
+    model = "synonyms-3"
+    dimensions = 3
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return [
+            [1.0, 0.0, 0.0] if {"car", "automobile"} & set(t.lower().split()) else [0.0, 1.0, 0.0]
+            for t in texts
+        ]
+
+
+def test_a_match_by_meaning_alone_is_found_only_with_pgvector(db: ChunkDatabase) -> None:
+    texts = ["parking for one automobile per unit", "bicycle storage room"]
+    embedder = _Synonyms()
+    with db.connect() as conn:
+        document = add_document(conn, db.workspaces[0], "spec.txt", "text/plain")
+        upsert_chunks(conn, document, _chunks(texts), embedder.embed(texts), model=embedder.model)
+        hits = search(conn, db.workspaces[0], "car", embedder)
+    if db.expected is VectorStorage.PGVECTOR:
+        assert [(h.chunk_index, h.text_rank) for h in hits] == [(0, None)]
+    else:  # the real[] fallback ranks the full-text candidates only, and no chunk says "car"
+        assert hits == []

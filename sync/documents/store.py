@@ -131,9 +131,11 @@ def search(
     candidates: int = 50,
     min_similarity: float = 0.0,
 ) -> list[SearchHit]:
-    """The ``limit`` best chunks of ``workspace_id`` for ``query``, best first: vector
-    similarity (chunks embedded by ``embedder``'s model only, above ``min_similarity``) and
-    full-text rank (any word of the query), combined by reciprocal rank fusion."""
+    """The ``limit`` best chunks of ``workspace_id`` for ``query``, best first: full-text rank
+    (any word of the query) and vector similarity (chunks embedded by ``embedder``'s model
+    only, above ``min_similarity``), combined by reciprocal rank fusion. With pgvector every
+    chunk of the workspace is a vector candidate; with the real[] fallback, only the full-text
+    candidates are (see docs/documents.md)."""
     if limit < 1:
         raise ValueError("limit must be at least 1")
     terms = query.split()[:MAX_QUERY_WORDS]
@@ -145,6 +147,7 @@ def search(
             _q("search_chunks"),
             {
                 "workspace_id": workspace_id,
+                "scan_all": vector_storage(conn) is VectorStorage.PGVECTOR,
                 "words": terms,
                 "vector": vector,
                 "model": embedder.model,
