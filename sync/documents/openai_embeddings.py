@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from connectors.auth import BearerToken
 from connectors.context import ConnectorContext
-from connectors.errors import Aborted, ConnectorError, PermanentError
+from connectors.errors import AuthError, ConnectorError, PermanentError
 from connectors.http import HttpClient
 from connectors.http_policy import Classification, Verdict, classify
 from sync import redact
@@ -104,7 +104,7 @@ class StandaloneContext:
     def refresh_credentials(
         self, refresh: Callable[[Mapping[str, Any]], Mapping[str, Any]]
     ) -> Mapping[str, Any]:
-        raise Aborted("credentials cannot be refreshed outside a job")
+        raise AuthError("an API key cannot be refreshed; set a valid one")
 
     def report_rate_limit(self, until: datetime, reason: str) -> None:
         self.logger.warning("embeddings endpoint rate limited until %s (%s)", until, reason)
