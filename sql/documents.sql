@@ -16,12 +16,15 @@ RETURNING id;
 -- version, no WAL), so a batch replayed by a resumed job costs reads only. A document deleted
 -- meanwhile matches nothing: no chunk outlives its document. Vectors arrive as one flat array,
 -- `dims` floats per chunk, in the order of the chunks.
+-- The vectors' CTE is MATERIALIZED so the array is cast once per batch: inlined, a prepared
+-- (generic) plan cast the whole array again for every row (200 x 51,200 floats per batch).
+WITH v AS MATERIALIZED (SELECT %(vectors)b::real[] AS flat)
 INSERT INTO document_chunks AS stored
        (document_id, workspace_id, chunk_index, page, text, embedding_model, embedding)
 SELECT d.id, d.workspace_id, c.chunk_index, c.page, c.text, %(model)s,
        document_embedding(v.flat[(c.n - 1) * %(dims)s + 1 : c.n * %(dims)s])
   FROM documents d,
-       (SELECT %(vectors)b::real[] AS flat) v,
+       v,
        unnest(%(indexes)s::integer[], %(pages)s::integer[], %(texts)s::text[])
            WITH ORDINALITY AS c (chunk_index, page, text, n)
  WHERE d.id = %(document_id)s
