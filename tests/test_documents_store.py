@@ -272,12 +272,10 @@ def test_a_match_by_meaning_alone_is_found_only_with_pgvector(db: ChunkDatabase)
         assert hits == []
 
 
-def test_a_prepared_upsert_casts_the_batchs_vectors_once(db: ChunkDatabase) -> None:
+def test_a_prepared_upsert_casts_the_batchs_vectors_once() -> None:
     """Plan regression: psycopg prepares a statement run five times, and Postgres may then use
     a generic plan, where an inlined cast of the batch's flat vector array is evaluated again
     for every row (200 x 51,200 floats per batch; the upsert ran 2.4 times slower)."""
-    if db.setup != "postgres-real[]":
-        pytest.skip("the plan's shape does not depend on the storage")
     text = _queries_text("upsert_chunks")
     names: list[str] = []
 
@@ -298,7 +296,7 @@ def test_a_prepared_upsert_casts_the_batchs_vectors_once(db: ChunkDatabase) -> N
         "texts": ("text[]", "'{a,b}'"),
     }
     values = {name: value for name, (_, value) in types.items()}
-    with db.connect() as conn, conn.transaction():
+    with chunk_database("postgres-real[]", None) as db, db.connect() as conn, conn.transaction():
         signature = ", ".join(types[name][0] for name in names)
         conn.execute(f"PREPARE upsert ({signature}) AS {prepared}")
         conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
