@@ -50,7 +50,7 @@ SELECT count(*) AS chunks FROM document_chunks WHERE document_id = %(document_id
 -- the query's model only), fused by reciprocal rank: score = sum of 1 / (rrf_k + rank) over
 -- the two lists a chunk is in. Ties are broken by document and chunk index, so the order is
 -- stable. With `scan_all` (pgvector) the vector side ranks every chunk of the workspace; without
--- (real[], whose similarity is SQL, about 100 times slower) it ranks the full-text candidates.
+-- (real[], whose similarity is SQL, about 60 times slower) it ranks the full-text candidates.
 WITH query AS (
     SELECT (SELECT string_agg(q::text, ' | ')
               FROM unnest(%(words)s::text[]) AS w,
