@@ -1,0 +1,160 @@
+"""Chunks in Postgres: the batch upsert, the tail delete and the search, as functions taking a
+psycopg connection whose ``search_path`` is the engine's schema.
+
+None of them commits or opens a transaction: each is one statement, run in the caller's
+transaction, so a job writes a batch in the same transaction as the check of its lease (and the
+new ``processed_units``), and a worker that lost its lease writes nothing. Statements are the
+named ones of ``sql/documents.sql``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import cache
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from sync.documents.chunking import Chunk
+from sync.documents.embeddings import Embedder, Vector, words
+from sync.queries import NamedQuery, parse
+from sync.sqlfiles import sql_dir
+
+# A query's first words; a longer query is cut here (it only adds terms to an OR).
+MAX_QUERY_WORDS = 64
+# Reciprocal rank fusion's constant: larger flattens the difference between ranks.
+RRF_K = 60
+
+
+@cache
+def _queries() -> dict[str, sql.SQL]:
+    named: dict[str, NamedQuery] = parse((sql_dir() / "documents.sql").read_text())
+    return {name: query.sql for name, query in named.items()}
+
+
+def _q(name: str) -> sql.SQL:
+    return _queries()[name]
+
+
+class VectorStorage(StrEnum):
+    PGVECTOR = "vector"
+    ARRAY = "real[]"
+
+
+def vector_storage(conn: psycopg.Connection[Any]) -> VectorStorage:
+    """How this schema stores embeddings: chosen once, when its migration ran."""
+    row = conn.execute(_q("vector_storage")).fetchone()
+    assert row is not None
+    return VectorStorage(row[0])
+
+
+def add_document(
+    conn: psycopg.Connection[Any], workspace_id: int, name: str, media_type: str
+) -> int:
+    """A new document of ``workspace_id``; returns its id."""
+    row = conn.execute(
+        _q("add_document"), {"workspace_id": workspace_id, "name": name, "media_type": media_type}
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def upsert_chunks(
+    conn: psycopg.Connection[Any],
+    document_id: int,
+    chunks: Sequence[Chunk],
+    vectors: Sequence[Vector],
+    *,
+    model: str,
+) -> int:
+    """Write a batch of chunks with their vectors, keyed by chunk index, in one statement.
+    Returns how many rows were written: unchanged chunks are not rewritten."""
+    if len(chunks) != len(vectors):
+        raise ValueError(f"{len(chunks)} chunks but {len(vectors)} vectors")
+    if not chunks:
+        return 0
+    dims = len(vectors[0])
+    if any(len(v) != dims for v in vectors):
+        raise ValueError("the vectors of one batch must all have the same length")
+    cur = conn.execute(
+        _q("upsert_chunks"),
+        {
+            "document_id": document_id,
+            "model": model,
+            "dims": dims,
+            "indexes": [c.index for c in chunks],
+            "pages": [c.page for c in chunks],
+            "texts": [c.text for c in chunks],
+            "vectors": list(itertools.chain.from_iterable(vectors)),
+        },
+    )
+    return cur.rowcount
+
+
+def delete_chunks_from(conn: psycopg.Connection[Any], document_id: int, tail: int) -> int:
+    """Delete the document's chunks with index ``tail`` or more; returns how many."""
+    return conn.execute(
+        _q("delete_chunks_from"), {"document_id": document_id, "tail": tail}
+    ).rowcount
+
+
+def count_chunks(conn: psycopg.Connection[Any], document_id: int) -> int:
+    row = conn.execute(_q("count_chunks"), {"document_id": document_id}).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    document_id: int
+    document_name: str
+    chunk_index: int
+    page: int
+    text: str
+    score: float  # reciprocal-rank fusion of the two lists below
+    similarity: float | None  # cosine similarity, when among the vector candidates
+    text_rank: float | None  # ts_rank_cd, when among the full-text candidates
+
+
+def search(
+    conn: psycopg.Connection[Any],
+    workspace_id: int,
+    query: str,
+    embedder: Embedder,
+    *,
+    limit: int = 10,
+    candidates: int = 50,
+    min_similarity: float = 0.0,
+) -> list[SearchHit]:
+    """The ``limit`` best chunks of ``workspace_id`` for ``query``, best first: full-text rank
+    (any word of the query) and vector similarity (chunks embedded by ``embedder``'s model
+    only, above ``min_similarity``), combined by reciprocal rank fusion. With pgvector every
+    chunk of the workspace is a vector candidate; with the real[] fallback, only the full-text
+    candidates are (see docs/documents.md)."""
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    terms = query.split()[:MAX_QUERY_WORDS]
+    if not words(" ".join(terms)):
+        return []
+    vector = embedder.embed([" ".join(terms)])[0]
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            _q("search_chunks"),
+            {
+                "workspace_id": workspace_id,
+                "scan_all": vector_storage(conn) is VectorStorage.PGVECTOR,
+                "words": terms,
+                "vector": vector,
+                "model": embedder.model,
+                "candidates": max(candidates, limit),
+                "min_similarity": min_similarity,
+                "rrf_k": RRF_K,
+                "limit": limit,
+            },
+        ).fetchall()
+    return [SearchHit(**row) for row in rows]
