@@ -26,7 +26,9 @@ from connectors.errors import (
 from connectors.http import HttpClient
 from connectors.paging import (
     cursor_pages,
+    last_page,
     link_header_pages,
+    next_link,
     next_link_pages,
     page_number_pages,
 )
@@ -60,7 +62,9 @@ __all__ = [
     "UnknownProvider",
     "cursor_pages",
     "get",
+    "last_page",
     "link_header_pages",
+    "next_link",
     "next_link_pages",
     "page_number_pages",
     "providers",

@@ -144,8 +144,17 @@ class HttpClient:
             if response.status_code in expect:
                 return response
             if cached is not None and response.status_code == 304:
+                # The stored response, its headers updated by the 304's (RFC 9111, 4.3.4).
+                fresh = {
+                    k.lower(): v
+                    for k, v in response.headers.items()
+                    if k.lower() != "content-length"
+                }
                 return httpx.Response(
-                    200, headers=cached.headers, content=cached.body, request=response.request
+                    200,
+                    headers={**cached.headers, **fresh},
+                    content=cached.body,
+                    request=response.request,
                 )
             verdict = self._classify(response, refreshed=refreshed)
             where = f"{method} {_display(response.request.url)}"
