@@ -230,8 +230,8 @@ def test_first_sync_then_updates_deletions_and_additions(
     assert since <= until  # from when the first sync began to read the project, to now
     assert set(run.results["rfis"]["partitions"]) == {str(HARBOR), str(MEDICAL)}
 
-    # The daily complete pass lists every RFI: the recycled one is missing, and so is every RFI
-    # of the deleted project; Procore confirms each is gone (404).
+    # The daily complete pass lists every RFI: the recycled one is missing, and Procore confirms
+    # it is gone (404).
     with sync_engine.pool.connection() as db:
         db.execute("UPDATE table_state SET last_full_sync_at = now() - interval '2 days'")
     recycled = respx_mock.get(f"{rfis_url(MEDICAL)}/281007").mock(
