@@ -11,6 +11,8 @@ import os
 import signal
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ import pytest
 from connectors import RateLimited, RetryableError
 from connectors.simulated.server import Simulation, start_server
 from sync import Engine
+from sync.cli import describe_progress
 from sync.testing import make_run_due, run_sync
 from tests.conftest import make_settings
 from tests.fakes import DATASETS
@@ -269,3 +272,38 @@ def test_a_run_that_waited_past_its_deadline_fails_saying_so(engine: Engine, adm
     assert "the memory rate limit" in message and "2nd wait" in message
     assert "24 h" in message and "run_deadline" in message
     assert DATASETS[key].reads.count("items") == 2
+
+
+def test_what_sync_wait_and_runs_show_say_of_a_waiting_or_running_run(
+    engine: Engine, admin: Any
+) -> None:
+    key, data = new_dataset(items=items(*range(1, 8)))
+    data.failures["items"] = (5, RateLimited("429 from the provider", retry_after=3600))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(
+        ws.id, "pages", "memory_pages", config={"dataset": key, "page_size": 3}
+    )
+    run = engine.sync(conn.id)
+    worker = engine.worker(listen=False)
+    for n in range(3):  # three waits
+        assert worker.poll()
+        run = engine.run(run.id)
+        if n < 2:
+            data.failures["items"] = (5, RateLimited("429 again", retry_after=3600))
+            assert make_run_due(engine, run.id)
+    assert run.status == "queued" and run.waits == 3 and run.waiting_until is not None
+    now = run.waiting_until - timedelta(minutes=30)
+    line = describe_progress(run, workers_alive=1, now=now)
+    assert line == (
+        f"waiting for the memory_pages rate limit until {run.waiting_until:%H:%M} UTC, 3rd wait"
+    )
+
+    # Running: table k of n, the page, records read of the total the provider gave.
+    running = replace(run, status="running", attempts=1)
+    assert run.progress == {
+        "table": "items", "table_index": 1, "tables": 1, "partition": None, "page": 1,
+        "records": 3, "total": 7,
+    }  # fmt: skip
+    assert describe_progress(running, workers_alive=1, now=now) == (
+        "running attempt 1 of 3: table 1 of 1 (items), page 1, 3 of 7 records"
+    )
