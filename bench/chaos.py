@@ -11,7 +11,9 @@ its own and started again, as a supervisor would, if it exits. While they work, 
 injector, at random: SIGKILLs a worker and starts a new one; SIGSTOPs a worker past its lease
 and later SIGCONTs it; restarts Postgres (once in short mode, three times in long mode); cuts
 a worker off from Postgres for longer than a lease, then lets it reconnect; cancels runs and
-deletes connections mid-sync. Then the faults stop, every
+deletes connections mid-sync. Restarts alternate a crash (immediate shutdown, which empties the
+unlogged seen-keys table) and a clean stop. Tables are read in pages of a few rows, so the
+faults land mid-table and later attempts resume them. Then the faults stop, every
 connection gets a last clean sync, and the run checks and prints what must be zero. Exit
 status 1 if any of it is not.
 """
@@ -120,6 +122,8 @@ FIGURES = {
         SELECT count(*) FROM run_attempts WHERE outcome = 'lost'""",
     "attempts handed back at shutdown": """
         SELECT count(*) FROM run_attempts WHERE outcome = 'handed_back'""",
+    "waits for a rate limit (no attempt spent)": """
+        SELECT count(*) FROM run_attempts WHERE outcome = 'rate_limited'""",
     "records written (audited writes)": "SELECT count(*) FROM chaos_audit",
     "purges succeeded": """
         SELECT count(*) FROM connection_runs WHERE kind = 'purge' AND status = 'succeeded'""",
@@ -172,10 +176,12 @@ class Postgres:
     def start(self) -> None:
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "pg.log"), "-w", "start")
 
-    def restart(self) -> None:
+    def restart(self, mode: str = "fast") -> None:
+        """Stop and start again. ``fast`` is a clean shutdown; ``immediate`` is a crash: the
+        restart runs crash recovery, which empties every unlogged table (run_seen_keys)."""
         # Not `pg_ctl restart`: it would start the new postmaster without a log file, holding
         # our captured stdout open forever.
-        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
         self.start()
 
     def stop(self) -> None:
@@ -386,7 +392,11 @@ class Chaos:
             conn.execute(AUDIT)
         for t in range(self.plan.tenants):
             tenant = self.simulation.add_tenant(f"t{t}", size=30, seed=t, page_delay=0.01)
-            tenant.configure(rate_limit_every=17, unavailable_every=23, retry_after=1.0)
+            # Half the tenants ask for waits longer than a run sleeps inline: those runs wait
+            # in the queue, spending no attempt.
+            tenant.configure(
+                rate_limit_every=17, unavailable_every=23, retry_after=1.0 if t % 2 else 3.0
+            )
         url, self.stop_server = start_server(self.simulation)
         workspaces = [engine.create_workspace(f"ws{w}") for w in range(self.plan.workspaces)]
         for c in range(self.plan.connections):
@@ -395,7 +405,7 @@ class Chaos:
                 workspaces[c % len(workspaces)].id,
                 f"c{c}",
                 "simulated" if c % 2 == 0 else "simulated_crm",
-                config={"base_url": url, "tenant": tenant, "page_size": 10},
+                config={"base_url": url, "tenant": tenant, "page_size": 5},
                 credentials={"token": f"sim-{tenant}"},
                 schedule_every=self.random.uniform(3, 8),
             )
@@ -452,7 +462,8 @@ class Chaos:
             if time.monotonic() - self.last_restart < self.plan.duration / 6:
                 return
             self.last_restart = time.monotonic()
-            self.postgres.restart()
+            # The first restart is a crash (immediate shutdown), the next a clean one, in turn.
+            self.postgres.restart("immediate" if self.fired[kind] % 2 == 0 else "fast")
         elif kind == "cancel":
             running = engine.runs(status="running", limit=200)
             syncs = [r for r in running if r.kind == "sync"]
@@ -548,6 +559,14 @@ class Chaos:
             ).fetchone()
         return int(row["n"]) if row else -1
 
+    def resumed(self) -> int:
+        """Tables (or partitions) an attempt took up where an earlier attempt left them, as
+        the workers' logs say."""
+        return sum(
+            log.read_text(errors="replace").count("where an earlier attempt left it")
+            for log in self.root.glob("worker-*.log")
+        )
+
     def report(self, engine: Engine) -> bool:
         with engine.pool.connection() as conn:
             figures = {name: conn.execute(sql).fetchone() for name, sql in FIGURES.items()}
@@ -568,6 +587,7 @@ class Chaos:
         for name, row in figures.items():
             summary.add_row(name, str(next(iter(row.values())) if row else "?"), "")
         summary.add_row("workers that exited and were started again", str(self.respawned), "")
+        summary.add_row("tables resumed mid-way by a later attempt", str(self.resumed()), "")
         ok = True
         for name, value in values.items():
             good = value == 0

@@ -566,6 +566,13 @@ class Executor:
                 writer.forget(name)
                 checkpoints.forget_slice(table.name, name)
                 found = None
+            if found is not None:
+                logger.info(
+                    "table %s%s resumes after page %d, where an earlier attempt left it",
+                    table.name,
+                    f" ({name})" if name else "",
+                    found.pages,
+                )
             writer.begin(name, found)
             try:
                 read = (
