@@ -175,21 +175,13 @@ class Tenant:
 
     def on_change(self, table: str, hook: Callable[[int, int], None] | None) -> None:
         """Call ``hook(page, per_page)`` while a page of ``table`` is being served, under the
-        simulation's lock, before the page is cut: tests change the data at an exact moment
-        (an item deleted while page 1 is read)."""
+        simulation's lock, before the page is cut: tests act at an exact moment of a read (a
+        worker killed while it asks for page 12)."""
         with self._lock:
             if hook is None:
                 self._hooks.pop(table, None)
             else:
                 self._hooks[table] = hook
-
-    def delete(self, table: str, row_id: int) -> None:
-        """Delete one row now, as the provider's users do between generations."""
-        with self._lock:
-            data = self._tables[table]
-            if data.rows.pop(row_id, None) is not None:
-                data.changed_in.pop(row_id, None)
-                data.deleted_in[row_id] = self.generation
 
     def script_faults(self, *faults: str) -> None:
         """Answer the next data requests with these, in order (``"429"``, ``"503"``, ...)."""
