@@ -559,12 +559,11 @@ class Chaos:
             ).fetchone()
         return int(row["n"]) if row else -1
 
-    def resumed(self) -> int:
-        """Tables (or partitions) an attempt took up where an earlier attempt left them, as
-        the workers' logs say."""
+    def logged(self, line: str) -> int:
+        """How often the workers' logs say ``line``: a table an attempt took up where an
+        earlier one left it, a table read again because its seen keys were lost."""
         return sum(
-            log.read_text(errors="replace").count("where an earlier attempt left it")
-            for log in self.root.glob("worker-*.log")
+            log.read_text(errors="replace").count(line) for log in self.root.glob("worker-*.log")
         )
 
     def report(self, engine: Engine) -> bool:
@@ -587,7 +586,10 @@ class Chaos:
         for name, row in figures.items():
             summary.add_row(name, str(next(iter(row.values())) if row else "?"), "")
         summary.add_row("workers that exited and were started again", str(self.respawned), "")
-        summary.add_row("tables resumed mid-way by a later attempt", str(self.resumed()), "")
+        resumed = self.logged("where an earlier attempt left it")
+        summary.add_row("tables resumed mid-way by a later attempt", str(resumed), "")
+        lost = self.logged("unlogged run_seen_keys): reading the table again")
+        summary.add_row("tables read again after a crash emptied their seen keys", str(lost), "")
         ok = True
         for name, value in values.items():
             good = value == 0

@@ -377,6 +377,7 @@ class Executor:
                     progress,
                     before.get(table.name),
                 )
+                logger.info("table %s %s %s", table.name, result.status.value, result.to_json())
                 attempt[table.name] = result
                 totals[table.name] = merged(before.get(table.name), result)
                 if result.status is not TableStatus.SUCCEEDED:
@@ -516,8 +517,11 @@ class Executor:
                     )
                     names = listed
                     for round_ in (1, 2):
-                        if any(s.seen for s in checkpoints.of(table.name).values()):
-                            self._check_seen_keys(conn, run, table, checkpoints, progress, logger)
+                        resumed = checkpoints.of(table.name).values()
+                        if any(s.seen for s in resumed) and not seen_keys_intact(
+                            conn, run.id, table.name
+                        ):
+                            self._restart_table(conn, run, table, checkpoints, progress, logger)
                         if self._read_slices(
                             connector, table, listed, writer, abort, logger, checkpoints, slices
                         ):
@@ -620,10 +624,10 @@ class Executor:
         """The tombstone pass, once every slice is done or failed for good: over the slices
         read whole (None: the whole table). True if the table must be read again (its seen keys
         were lost while it was read)."""
-        done = [n for n in names if (c := checkpoints.get(table.name, n)) and c.done]
+        done = {n: c for n in names if (c := checkpoints.get(table.name, n)) and c.done}
         if len(done) + sum(slices.failed(n) for n in names) < len(names):
             return False  # a slice waits for another attempt: tombstone nothing yet
-        whole = [n or "" for n in done if checkpoints.get(table.name, n).resync]  # type: ignore[union-attr]
+        whole = [n or "" for n, c in done.items() if c.resync]
         if not whole:
             return False
         if not seen_keys_intact(conn, run.id, table.name):
@@ -640,23 +644,12 @@ class Executor:
             def confirm(partition: str | None, missing: Any) -> Any:
                 return connector.confirm_deleted(table, partition, missing)
 
-        gone = TombstonePass(conn, run.lease, run.connection_id or 0, table, abort).run(
+        assert run.connection_id is not None
+        gone = TombstonePass(conn, run.lease, run.connection_id, table, abort).run(
             None if len(whole) == len(names) else whole, confirm=confirm
         )
         slices.tombstoned(gone)
         return False
-
-    def _check_seen_keys(
-        self,
-        conn: psycopg.Connection[DictRow],
-        run: ClaimedRun,
-        table: Table,
-        checkpoints: RunCheckpoints,
-        progress: RunProgress,
-        logger: logging.LoggerAdapter[logging.Logger],
-    ) -> None:
-        if not seen_keys_intact(conn, run.id, table.name):
-            self._restart_table(conn, run, table, checkpoints, progress, logger)
 
     def _restart_table(
         self,

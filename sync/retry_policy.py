@@ -89,7 +89,8 @@ def merged(before: TableResult | None, attempt: TableResult) -> TableResult:
     """A table's result for the run after an attempt: the counts of every attempt added up;
     status, error and total as the latest attempt left them (pure)."""
     if before is None:
-        return replace(attempt, partitions=dict(attempt.partitions or {}) or attempt.partitions)
+        parts = attempt.partitions
+        return replace(attempt, partitions=dict(parts) if parts is not None else None)
     partitions = None
     if before.partitions is not None or attempt.partitions is not None:
         partitions = dict(before.partitions or {})
