@@ -307,3 +307,31 @@ def test_what_sync_wait_and_runs_show_say_of_a_waiting_or_running_run(
     assert describe_progress(running, workers_alive=1, now=now) == (
         "running attempt 1 of 3: table 1 of 1 (items), page 1, 3 of 7 records"
     )
+
+
+def test_seen_keys_outlive_an_attempt_but_not_the_run(engine: Engine, admin: Any) -> None:
+    key, data = new_dataset(items=items(*range(1, 11)))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(
+        ws.id, "pages", "memory_pages", config={"dataset": key, "page_size": 5}
+    )
+    assert run_sync(engine, conn.id).status == "succeeded"
+
+    # A resync sees page 1 unchanged, then waits for a rate limit before page 2.
+    data.failures["items"] = (5, RateLimited("429", retry_after=3600))
+    run = engine.sync(conn.id)
+    assert engine.worker(listen=False).poll()
+    assert engine.run(run.id).status == "queued"
+    count = "SELECT count(*) AS n FROM run_seen_keys WHERE run_id = %s"
+    assert admin.execute(count, (run.id,)).fetchone()["n"] == 5
+    # Another worker's sweep keeps the keys of a run that waits in the queue...
+    engine.worker(listen=False).poll()
+    assert admin.execute(count, (run.id,)).fetchone()["n"] == 5
+    # ...and collects those a finished run left behind.
+    admin.execute("INSERT INTO run_seen_keys VALUES (%s, 'items', 'x')", (run.id - 1,))
+    assert make_run_due(engine, run.id)
+    worker = engine.worker(listen=False)
+    assert worker.poll()
+    assert engine.run(run.id).status == "succeeded"
+    assert admin.execute("SELECT count(*) AS n FROM run_seen_keys").fetchone()["n"] == 0
+    assert tombstoned(admin, conn.id) == set()
