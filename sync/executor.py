@@ -949,13 +949,20 @@ class _SliceResults:
 
     def __init__(self, before: TableResult | None) -> None:
         self._before = dict((before.partitions or {}) if before else {})
+        # A table an operator's retry made pending again reads its failed partitions again.
+        self._retried = before is None or before.status is TableStatus.PENDING
         self._parts: dict[str, TableResult] = {}
         self._failure: tuple[TableStatus, dict[str, Any] | None] | None = None
 
     def failed_before(self, name: str | None) -> bool:
         """A partition an earlier attempt gave up for good is not read again."""
         prior = self._before.get(name or "")
-        return name is not None and prior is not None and prior.status is TableStatus.FAILED
+        return (
+            name is not None
+            and not self._retried
+            and prior is not None
+            and prior.status is TableStatus.FAILED
+        )
 
     def failed(self, name: str | None) -> bool:
         now = self._parts.get(name or "")

@@ -78,6 +78,7 @@ class Repo:
     pulls: list[dict[str, Any]] = field(default_factory=list)
     transferred: dict[int, str] = field(default_factory=dict)  # issue number -> new URL
     visible: bool = True
+    failing: bool = False  # answers 500, as GitHub does when something breaks on its side
 
 
 class GitHub:
@@ -116,6 +117,8 @@ class GitHub:
         repo = self.repos.get(name)
         if repo is None or not repo.visible:
             return self._json(NOT_FOUND, 404)
+        if repo.failing:
+            return self._json({"message": "Server Error"}, 500)
         kind = rest[0]
         if len(rest) == 2:
             return self._item(repo, name, kind, int(rest[1]))

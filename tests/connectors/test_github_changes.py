@@ -221,3 +221,31 @@ def test_one_repository_answering_404_fails_only_its_slice(
     # The readable repository is synced and tombstoned; the other's rows are left as they were.
     assert tombstoned_ids(sync_engine, conn_id, "pull_requests") == {"20000002"}
     assert gone_ids <= live_ids(sync_engine, conn_id, "pull_requests")
+
+
+def test_an_operators_retry_reads_the_partitions_that_had_failed(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    github = GitHub(respx_mock)
+    gone, flaky = github.repo("Gone"), github.repo("Flaky")
+    gone.pulls, flaky.pulls = [make_pull("Gone", 1)], [make_pull("Flaky", 2)]
+    gone.visible, flaky.failing = False, True
+    conn_id = connect(sync_engine, "Gone", "Flaky")
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "failed" and run.attempts == 3  # Flaky never recovered
+    assert run.results["pull_requests"]["partitions"]["Gone"]["status"] == "failed"
+
+    # Access granted, GitHub recovered: the operator's retry reads both again.
+    gone.visible, flaky.failing = True, False
+    sync_engine.retry_run(run.id)
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    parts = run.results["pull_requests"]["partitions"]
+    assert {name: p["status"] for name, p in parts.items()} == {
+        "Gone": "succeeded",
+        "Flaky": "succeeded",
+    }
+    assert live_ids(sync_engine, conn_id, "pull_requests") == {
+        str(gone.pulls[0]["id"]),
+        str(flaky.pulls[0]["id"]),
+    }
