@@ -36,6 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 from cryptography.fernet import Fernet
@@ -103,12 +104,21 @@ CHECKS = {
             OR EXISTS (SELECT 1 FROM run_attempts b
                         WHERE b.run_id = a.run_id AND b.id > a.id AND w.at >= b.started_at)""",
     "provider-limiter violations": """
-        SELECT count(*) FROM run_attempts a JOIN connection_runs ra ON ra.id = a.run_id
-          JOIN run_attempts b ON b.id > a.id
-          JOIN connection_runs rb ON rb.id = b.run_id AND rb.workspace_id = ra.workspace_id
-         WHERE (ra.kind = 'purge' OR rb.kind = 'purge' OR ra.provider = rb.provider)
-           AND a.started_at < coalesce(b.finished_at, now())
-           AND b.started_at < coalesce(a.finished_at, now())""",
+        WITH held AS (
+            -- While an attempt held its run: a lost attempt (its worker died or froze) held it
+            -- until its lease ran out, not until the claim that took the run over, which may
+            -- come much later (the lane busy, the run's rate budget blocked).
+            SELECT a.id, r.workspace_id, r.kind, r.provider, a.started_at,
+                   CASE WHEN a.outcome = 'lost'
+                        THEN least(a.finished_at,
+                                   coalesce(a.lease_expires_at, a.started_at + %(lease)s))
+                        ELSE coalesce(a.finished_at, now()) END AS ended_at
+              FROM run_attempts a JOIN connection_runs r ON r.id = a.run_id
+        )
+        SELECT count(*) FROM held a
+          JOIN held b ON b.id > a.id AND b.workspace_id = a.workspace_id
+         WHERE (a.kind = 'purge' OR b.kind = 'purge' OR a.provider = b.provider)
+           AND a.started_at < b.ended_at AND b.started_at < a.ended_at""",
 }
 
 FIGURES = {
@@ -569,7 +579,11 @@ class Chaos:
     def report(self, engine: Engine) -> bool:
         with engine.pool.connection() as conn:
             figures = {name: conn.execute(sql).fetchone() for name, sql in FIGURES.items()}
-            checks = {name: conn.execute(sql).fetchone() for name, sql in CHECKS.items()}
+            lease = {"lease": timedelta(seconds=self.plan.lease)}
+            checks = {
+                name: conn.execute(sql, lease if "%(lease)s" in sql else None).fetchone()
+                for name, sql in CHECKS.items()
+            }
         values = {n: int(next(iter(r.values()))) for n, r in checks.items() if r}
         differ = self.differing_connections(engine)
         values["connections whose records differ from the provider"] = len(differ)

@@ -67,10 +67,13 @@ ALTER TABLE connection_runs
     -- Where the run is now: table k of n, its partition, page, records read and total.
     ADD COLUMN progress jsonb;
 
--- An attempt that ended waiting says for what and until when.
+-- An attempt that ended waiting says for what and until when. And the lease it last held, as
+-- each renewal extends it: an attempt whose worker died held its run until then, however much
+-- later a claim took the run over (and recorded the attempt's end).
 ALTER TABLE run_attempts
     ADD COLUMN waiting_for text,
-    ADD COLUMN waiting_until timestamptz;
+    ADD COLUMN waiting_until timestamptz,
+    ADD COLUMN lease_expires_at timestamptz;
 
 
 -- Conditional requests: the last response with an ETag per connection and URL (the URL's

@@ -23,14 +23,22 @@ SELECT r.*, c.name AS connection_name, c.status AS connection_status, c.config,
   LEFT JOIN connections c ON c.id = r.connection_id;
 
 -- name: renew_lease
--- Extends the lease of a run this claim still owns. Zero rows: the lease is lost (it expired,
--- or another worker claimed the run) and the worker must stop the run at once. An expired lease
--- is never revived: the limiter already treats it as free.
-UPDATE connection_runs
-   SET lease_expires_at = now() + %(lease)s
- WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-   AND lease_expires_at > now()
-RETURNING lease_expires_at;
+-- Extends the lease of a run this claim still owns, and notes it on the attempt's history row.
+-- Zero rows: the lease is lost (it expired, or another worker claimed the run) and the worker
+-- must stop the run at once. An expired lease is never revived: the limiter already treats it
+-- as free.
+WITH renewed AS (
+    UPDATE connection_runs
+       SET lease_expires_at = now() + %(lease)s
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+    RETURNING lease_owner, lease_expires_at
+), noted AS (
+    UPDATE run_attempts a SET lease_expires_at = renewed.lease_expires_at
+      FROM renewed
+     WHERE a.lease_owner = renewed.lease_owner
+)
+SELECT lease_expires_at FROM renewed;
 
 -- name: read_run_control
 -- What the lease keeper polls: no row means the lease is lost; cancel_requested means stop;

@@ -21,10 +21,12 @@ from connectors import RateLimited, RetryableError
 from connectors.simulated.server import Simulation, start_server
 from sync import Engine
 from sync.cli import describe_progress
+from sync.lease import renew
+from sync.records import Lease
 from sync.testing import make_run_due, run_sync
 from tests.conftest import make_settings
 from tests.fakes import DATASETS
-from tests.test_fencing import spawn_worker
+from tests.test_fencing import claim, spawn_worker
 from tests.test_sync_flow import items, live, new_dataset, tombstoned
 
 
@@ -335,3 +337,22 @@ def test_seen_keys_outlive_an_attempt_but_not_the_run(engine: Engine, admin: Any
     assert engine.run(run.id).status == "succeeded"
     assert admin.execute("SELECT count(*) AS n FROM run_seen_keys").fetchone()["n"] == 0
     assert tombstoned(admin, conn.id) == set()
+
+
+def test_each_renewal_notes_the_lease_on_the_attempt(engine: Engine, admin: Any) -> None:
+    """An attempt whose worker dies held its run until its last lease ran out: the attempt's
+    history row says when, whatever later claim records its end (the chaos run's limiter check
+    reads it)."""
+    key, _ = new_dataset(items=items(1))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+    engine.sync(conn.id)
+    claimed = claim(engine, "worker-a")
+    lease = Lease(claimed["id"], claimed["lease_owner"])
+    with engine.pool.connection() as db:
+        assert renew(db, lease, 300)
+    row = admin.execute(
+        "SELECT r.lease_expires_at AS run, a.lease_expires_at AS attempt "
+        "FROM connection_runs r JOIN run_attempts a ON a.lease_owner = r.lease_owner"
+    ).fetchone()
+    assert row["attempt"] == row["run"]
