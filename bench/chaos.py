@@ -371,6 +371,7 @@ class Chaos:
         self.simulation = Simulation()
         self.stop_server: Callable[[], None] = lambda: None
         self.last_restart = -float("inf")
+        self.faults_began = 0.0
         self.timers: list[threading.Timer] = []
 
     # -- setup -----------------------------------------------------------------------------
@@ -424,7 +425,8 @@ class Chaos:
     # -- faults ----------------------------------------------------------------------------
 
     def inject(self, engine: Engine, fleet: Fleet) -> None:
-        deadline = time.monotonic() + self.plan.duration
+        self.faults_began = time.monotonic()
+        deadline = self.faults_began + self.plan.duration
         next_advance = time.monotonic()
         while time.monotonic() < deadline:
             self.respawned += fleet.supervise()
@@ -470,6 +472,11 @@ class Chaos:
             if self.fired[kind] >= self.plan.min_each:
                 return
             if time.monotonic() - self.last_restart < self.plan.duration / 6:
+                return
+            # Not in the first fifth either: by then most connections resync (rows unchanged,
+            # keys in run_seen_keys) rather than write their first rows, so a crash has seen
+            # keys to lose.
+            if time.monotonic() - self.faults_began < self.plan.duration / 5:
                 return
             self.last_restart = time.monotonic()
             # The first restart is a crash (immediate shutdown), the next a clean one, in turn.
