@@ -1,7 +1,19 @@
 """The connector SDK: what a provider plugin is made of. It never imports the engine (`sync`)."""
 
 from connectors.auth import ApiKey, Auth, BearerToken, OAuth2
-from connectors.base import Checkpoint, Connector, Deleted, Item, Mode, NoConfig, Resync, Table
+from connectors.base import (
+    DAILY,
+    Checkpoint,
+    Connector,
+    Deleted,
+    Item,
+    Mode,
+    NoConfig,
+    Position,
+    Resync,
+    Table,
+    Total,
+)
 from connectors.context import ConnectorContext
 from connectors.errors import (
     Aborted,
@@ -14,13 +26,16 @@ from connectors.errors import (
 from connectors.http import HttpClient
 from connectors.paging import (
     cursor_pages,
+    last_page,
     link_header_pages,
+    next_link,
     next_link_pages,
     page_number_pages,
 )
 from connectors.registry import DuplicateProvider, UnknownProvider, get, providers, register
 
 __all__ = [
+    "DAILY",
     "Aborted",
     "ApiKey",
     "Auth",
@@ -38,14 +53,18 @@ __all__ = [
     "NoConfig",
     "OAuth2",
     "PermanentError",
+    "Position",
     "RateLimited",
     "Resync",
     "RetryableError",
     "Table",
+    "Total",
     "UnknownProvider",
     "cursor_pages",
     "get",
+    "last_page",
     "link_header_pages",
+    "next_link",
     "next_link_pages",
     "page_number_pages",
     "providers",

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
 from pydantic import BaseModel
+
+
+@dataclass(frozen=True)
+class CachedResponse:
+    """A response kept for conditional requests: its ETag, the headers worth keeping and the
+    body."""
+
+    etag: str
+    headers: Mapping[str, str]
+    body: bytes
 
 
 class ConnectorContext(Protocol):
@@ -28,8 +39,23 @@ class ConnectorContext(Protocol):
         """A logger that already carries the run, connection and attempt."""
         ...
 
-    def cursor(self, table: str) -> Any | None:
-        """The cursor saved by the last completed batch of an incremental table."""
+    def cursor(self, table: str, partition: str | None = None) -> Any | None:
+        """The cursor saved by the last completed batch of an incremental table (of one of its
+        partitions, when it is named). None also when the engine wants the whole table read:
+        a first sync, or the periodic complete pass of a table with ``complete_every``."""
+        ...
+
+    def position(self, table: str, partition: str | None = None) -> Any | None:
+        """The position an earlier attempt of this run saved for the table (or partition) it
+        did not finish; None: start from the beginning."""
+        ...
+
+    def cached_response(self, url: str) -> CachedResponse | None:
+        """The last response with an ETag this connection got from ``url``, if kept."""
+        ...
+
+    def store_response(self, url: str, response: CachedResponse) -> None:
+        """Keep a response with an ETag for the next conditional request to ``url``."""
         ...
 
     @property

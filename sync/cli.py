@@ -36,6 +36,8 @@ from sync.db import connect, describe, first_line
 from sync.embedded import data_dir, embedded_url
 from sync.errors import SyncError
 from sync.models import Run, WorkerInfo
+from sync.progress import describe as describe_where
+from sync.retry_policy import ordinal
 from sync.settings import Settings
 
 P = ParamSpec("P")
@@ -616,6 +618,12 @@ def tables_done(run: Run) -> int:
 def describe_progress(run: Run, *, workers_alive: int | None, now: datetime) -> str:
     """One line about where a run is; pure, for the live view and its plain-text twin."""
     if run.status == "queued":
+        if run.waits and run.waiting_until is not None and run.waiting_until > now:
+            until = run.waiting_until.astimezone(UTC)
+            clock = (
+                f"{until:%H:%M}" if until - now < timedelta(hours=20) else f"{until:%b %d %H:%M}"
+            )
+            return f"waiting for {run.waiting_for} until {clock} UTC, {ordinal(run.waits)} wait"
         if run.attempts > 0 and run.queued_at > now:
             wait = (run.queued_at - now).total_seconds()
             why = brief_error(run.error, 60)
@@ -629,7 +637,8 @@ def describe_progress(run: Run, *, workers_alive: int | None, now: datetime) -> 
         text = f"running attempt {run.attempts} of {run.max_attempts}"
         if run.cancel_requested_at is not None:
             text += ", cancel requested"
-        return text
+        where = describe_where(run.progress)
+        return f"{text}: {where}" if where else text
     if run.status == "waiting":
         return "waiting behind the sync still running"
     return run.status + (f": {brief_error(run.error, 90)}" if run.error else "")
@@ -644,10 +653,10 @@ def follow_run(engine: Engine, run: Run, *, live: bool, interval: float = 0.5) -
         TextColumn("[bold]run #{task.fields[run_id]}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("tables · {task.fields[records]} records · {task.fields[note]}"),
+        TextColumn("{task.fields[unit]} · {task.fields[note]}"),
         console=out,
     )
-    task = progress.add_task("sync", total=total, run_id=run.id, records=0, note="")
+    task = progress.add_task("sync", total=total, run_id=run.id, unit="tables", note="")
     last_line = ""
     interactive = live and out.is_terminal
     checked_workers_at = 0.0
@@ -660,9 +669,13 @@ def follow_run(engine: Engine, run: Run, *, live: bool, interval: float = 0.5) -
                 checked_workers_at = time.monotonic()
                 alive = sum(worker_state(w, engine.settings) == "alive" for w in engine.workers())
             line = describe_progress(run, workers_alive=alive, now=datetime.now(UTC))
-            progress.update(
-                task, completed=tables_done(run), records=run.processed_units, note=line
-            )
+            # The bar follows the table being read when the provider said its size.
+            at = run.progress or {}
+            if run.status == "running" and at.get("total"):
+                done, of, unit = at.get("records", 0), at["total"], f"{at['table']} records"
+            else:
+                done, of, unit = tables_done(run), total, f"tables · {run.processed_units} records"
+            progress.update(task, completed=done, total=of, unit=unit, note=line)
             if live and not interactive and line != last_line:
                 out.print(f"run #{run.id}: {line}")
             last_line = line
@@ -743,6 +756,8 @@ def runs_show(run_id: int, as_json: bool = JsonOption) -> None:
     details.add_row("started", when(run.started_at))
     details.add_row("finished", when(run.finished_at))
     details.add_row("records", str(run.processed_units))
+    if run.waits:
+        details.add_row("waits", f"{run.waits} for {run.waiting_for}")
     if run.status == "running":
         details.add_row("lease owner", str(run.lease_owner))
         details.add_row("lease expires", when(run.lease_expires_at))

@@ -197,7 +197,7 @@ class View:
 
     def _event(self, run: Run) -> str:
         label = self._label(run)
-        if run.status == "queued" and run.attempts == 0:
+        if run.status == "queued" and run.attempts == 0 and not run.waits:
             return f"{label} queued"
         if run.status == "queued":
             wait = (run.queued_at - datetime.now(run.queued_at.tzinfo)).total_seconds()
@@ -510,7 +510,7 @@ def _verify(
         limited is not None
         and limited.status == "succeeded"
         and len(tries) >= 2
-        and tries[0].outcome == "retry"
+        and tries[0].outcome == "rate_limited"  # a wait: no attempt spent
         and (tries[0].error or {}).get("kind") == "rate_limited"
         and tries[0].finished_at is not None
     )

@@ -78,6 +78,10 @@ class Run(_FromRow):
     error: dict[str, Any] | None
     processed_units: int
     total_units: int | None
+    waits: int = 0
+    waiting_for: str | None = None
+    waiting_until: datetime | None = None
+    progress: dict[str, Any] | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -98,6 +102,8 @@ class Attempt(_FromRow):
     outcome: str | None
     error: dict[str, Any] | None
     results: dict[str, Any] | None
+    waiting_for: str | None = None
+    waiting_until: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,12 @@ class Settings(BaseSettings):
     max_inline_wait: float = Field(
         default=30.0, ge=0, description="Longest Retry-After slept inside a run; longer requeues."
     )
+    run_deadline: float = Field(
+        default=24 * 3600.0,
+        gt=0,
+        description="Seconds from a run's start past which it stops waiting for rate limits "
+        "and ends failed.",
+    )
 
     ui_token: SecretStr | None = Field(
         default=None,

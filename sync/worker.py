@@ -317,7 +317,12 @@ class Worker:
         with self._pool.connection(timeout=5) as conn:
             conn.execute(
                 QUERIES.hand_back_run,
-                {"run_id": run.id, "lease_owner": run.lease_owner, "results": Jsonb(run.results)},
+                {
+                    "run_id": run.id,
+                    "lease_owner": run.lease_owner,
+                    "results": Jsonb(run.results),
+                    "attempt_results": Jsonb({}),
+                },
             )
         log.info("handed back run %d, claimed but not started", run.id)
 
