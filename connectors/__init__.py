@@ -14,7 +14,7 @@ from connectors.base import (
     Table,
     Total,
 )
-from connectors.context import ConnectorContext
+from connectors.context import ConnectorContext, RequestContext
 from connectors.errors import (
     Aborted,
     AuthError,
@@ -55,6 +55,7 @@ __all__ = [
     "PermanentError",
     "Position",
     "RateLimited",
+    "RequestContext",
     "Resync",
     "RetryableError",
     "Table",

@@ -25,7 +25,7 @@ from tenacity import (
 )
 
 from connectors.auth import Auth
-from connectors.context import CachedResponse, ConnectorContext
+from connectors.context import CachedResponse, RequestContext
 from connectors.errors import AuthError, PermanentError, RateLimited, RetryableError
 from connectors.http_policy import Classification, Verdict, classify
 
@@ -52,7 +52,7 @@ class HttpClient:
 
     def __init__(
         self,
-        context: ConnectorContext,
+        context: RequestContext,
         *,
         base_url: str = "",
         auth: Auth | None = None,
