@@ -3,6 +3,11 @@
 from connectors.auth import ApiKey, Auth, BearerToken, OAuth2
 from connectors.base import Checkpoint, Connector, Deleted, Item, Mode, NoConfig, Resync, Table
 from connectors.context import ConnectorContext
+from connectors.credentials import (
+    OAuth2ClientCredentials,
+    OAuth2RefreshCredentials,
+    TokenCredentials,
+)
 from connectors.errors import (
     Aborted,
     AuthError,
@@ -37,11 +42,14 @@ __all__ = [
     "Mode",
     "NoConfig",
     "OAuth2",
+    "OAuth2ClientCredentials",
+    "OAuth2RefreshCredentials",
     "PermanentError",
     "RateLimited",
     "Resync",
     "RetryableError",
     "Table",
+    "TokenCredentials",
     "UnknownProvider",
     "cursor_pages",
     "get",

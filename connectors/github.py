@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 from connectors.auth import BearerToken
 from connectors.base import Connector, Table
 from connectors.context import ConnectorContext
+from connectors.credentials import TokenCredentials
 from connectors.errors import PermanentError
 from connectors.http import HttpClient
 from connectors.http_policy import (
@@ -92,6 +93,7 @@ class GitHubConnector(Connector):
     provider = "github"
     tables = (Table("issues"), Table("pull_requests"))
     config_model = GitHubConfig
+    credentials_model = TokenCredentials
 
     def __init__(self, context: ConnectorContext) -> None:
         super().__init__(context)

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from connectors.auth import OAuth2
 from connectors.base import Connector, Table
 from connectors.context import ConnectorContext
+from connectors.credentials import OAuth2RefreshCredentials
 from connectors.errors import PermanentError
 from connectors.http import HttpClient
 from connectors.http_policy import (
@@ -95,6 +96,7 @@ class ProcoreConnector(Connector):
     provider = "procore"
     tables = (Table("companies"), Table("projects"), Table("rfis"))
     config_model = ProcoreConfig
+    credentials_model = OAuth2RefreshCredentials
 
     def __init__(self, context: ConnectorContext) -> None:
         super().__init__(context)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from connectors.auth import BearerToken
 from connectors.base import Checkpoint, Connector, Deleted, Item, Mode, Resync, Table
 from connectors.context import ConnectorContext
+from connectors.credentials import TokenCredentials
 from connectors.errors import PermanentError
 from connectors.http import HttpClient
 from connectors.paging import cursor_pages, link_header_pages
@@ -44,6 +45,7 @@ class SimulatedConfig(BaseModel):
 
 class _Simulated(Connector):
     config_model = SimulatedConfig
+    credentials_model = TokenCredentials
     api: str
 
     def __init__(self, context: ConnectorContext) -> None:
