@@ -384,7 +384,9 @@ class Engine:
             run = self.run(run_id)  # raises NotFound
             if run.kind == "purge":
                 raise Conflict(f"run {run_id} is a purge; a purge cannot be cancelled")
-            raise Conflict(f"run {run_id} is {run.status}; only a queued or running run cancels")
+            raise Conflict(
+                f"run {run_id} {_state(run)}; only a queued or running run can be cancelled"
+            )
         return Run.from_row(row)
 
     def retry_run(self, run_id: int) -> Run:
@@ -403,7 +405,7 @@ class Engine:
         if row is None:
             run = self.run(run_id)
             if run.status != "failed":
-                raise Conflict(f"run {run_id} is {run.status}; only a failed run can be retried")
+                raise Conflict(f"run {run_id} {_state(run)}; only a failed run can be retried")
             raise Conflict(f"run {run_id}'s connection is not active, so it cannot sync")
         return Run.from_row(row)
 
@@ -547,3 +549,8 @@ def _seconds(every: timedelta | float | None) -> float | None:
     if seconds is not None and seconds <= 0:
         raise InvalidInput("schedule_every must be a positive duration")
     return seconds
+
+
+def _state(run: Run) -> str:
+    """``is queued``, ``has already ended (succeeded)``: a run's status in a sentence."""
+    return f"has already ended ({run.status})" if run.is_terminal else f"is {run.status}"

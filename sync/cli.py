@@ -180,6 +180,9 @@ class _Session:
     """Which database this command uses, said once on stderr (and in its error, if any)."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.where: str | None = None  # the database and schema, for people
         self.target = ""  # the database alone: an error that names it needs no suffix
         self.url: str | None = None  # DATABASE_URL, whose secrets no message may show
@@ -423,6 +426,8 @@ def worker(
     Run as many as you like, on any machines; SIGTERM hands the running run back at once.
     It runs syncs of the providers installed when it starts (restart it after installing a
     connector package)."""
+    if worker_id is not None:
+        check_name(worker_id, "worker")
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
@@ -430,8 +435,6 @@ def worker(
     )
     # One line per request is noise at INFO; the run's own log lines say what happened.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if worker_id is not None:
-        check_name(worker_id, "worker")
     with open_engine() as engine:
         service = engine.worker(worker_id=worker_id, listen=not once)
         _session.announce()
@@ -483,11 +486,17 @@ def workers_command(as_json: bool = JsonOption) -> None:
             for w in found
         ]
         out.print(fitted_table(columns, rows, out.width))
+    nobody = not any(worker_state(w, settings) == "alive" for w in found)
     for provider, runs, oldest in orphans:
+        why = (
+            "no worker is running: start one with `connector-sync worker`"
+            if nobody
+            else f"no live worker has the {provider} connector; start one where its package "
+            "is installed"
+        )
         out.print(
             Text(
-                f"{runs} queued run(s) of provider {provider} (oldest #{oldest}) wait: no live "
-                f"worker has the {provider} connector; start one where its package is installed",
+                f"{runs} queued run(s) of provider {provider} (oldest #{oldest}) wait: {why}",
                 style="yellow",
             )
         )
@@ -1348,6 +1357,7 @@ def demo(
 def main(args: Sequence[str] | None = None) -> None:
     """``connector-sync``: a usage error is one line and exit 2, like every other mistake, and
     Ctrl-C exits 130 without a traceback."""
+    _session.reset()
     try:
         code = app(args=args, prog_name="connector-sync", standalone_mode=False)
     except KeyboardInterrupt:
