@@ -188,7 +188,7 @@ class Engine:
         _check_credentials(cls, creds)
         seconds = _seconds(schedule_every)
         try:
-            row = self._one(
+            row = self._maybe(
                 QUERIES.create_connection,
                 workspace_id=workspace_id,
                 name=name,
