@@ -129,13 +129,14 @@ class WorkerProcess:
     """A worker process whose stderr is read by a thread (so the pipe never fills), with an
     event set when it logs its start, or when it exits without starting."""
 
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
+    def __init__(self, proc: subprocess.Popen[str], *, started: bool = True) -> None:
         self.proc = proc
         self.lines: list[str] = []
         self._seen = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        assert self.wait_for("started", timeout=120), self.log
+        if started:
+            assert self.wait_for("started", timeout=300), self.log
 
     @property
     def pid(self) -> int:

@@ -25,7 +25,7 @@ from sync import InvalidInput, Settings
 from sync.cli import follow_progress, follow_view
 from sync.demo import Check, _summary
 from sync.queries import QUERIES
-from tests.cli_backends import SCRIPT, Backend, Cli
+from tests.cli_backends import SCRIPT, Backend, Cli, WorkerProcess
 from tests.test_sync_flow import items, new_dataset
 
 TOKEN = "t0k3n-acme-never-printed"
@@ -252,6 +252,24 @@ def test_a_second_live_worker_with_the_same_id_is_refused_and_a_restart_records_
     assert again.returncode == 0, err
     (info,) = cli("workers", "--json").json()
     assert (info["id"], info["pid"], info["state"]) == ("dup", again.pid, "stopped")
+
+
+def test_workers_starting_at_once_with_one_id_leave_exactly_one_running(
+    cli: Cli, backend: Backend
+) -> None:
+    cli.worker("--id", "raced").stop()  # a stopped row: any starter below may take it over
+    racers = [WorkerProcess(cli.script("worker", "--id", "raced"), started=False) for _ in range(4)]
+    try:
+        # Each one either logs its start or exits refused; nothing else can happen.
+        started = [r for r in racers if r.wait_for("started", timeout=300)]
+        assert len(started) == 1, [r.log for r in racers]
+        for loser in (r for r in racers if r not in started):
+            assert loser.stop() == 2 and "in use by a live worker" in loser.log
+        (info,) = cli("workers", "--json").json()
+        assert (info["pid"], info["state"]) == (started[0].pid, "alive")
+    finally:
+        for racer in racers:
+            racer.stop()
 
 
 def test_one_incarnation_never_marks_another_stopped(cli: Cli, backend: Backend) -> None:
