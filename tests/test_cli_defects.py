@@ -574,15 +574,14 @@ def test_usage_errors_are_one_line_and_exit_2(cli: Cli, case: str) -> None:
     cli(*args).one_line_error(needle)
 
 
-def test_ctrl_c_while_connecting_prints_no_traceback(cli: Cli, backend: Backend) -> None:
-    if backend.name != "database_url":
-        pytest.skip("a database that never answers is a DATABASE_URL")
-    with socket.create_server(("127.0.0.1", 0)) as silent:
+def test_ctrl_c_while_connecting_prints_no_traceback(
+    schema: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # a database that never answers
         silent.settimeout(120)
-        port = silent.getsockname()[1]
-        proc = cli.script(
-            "workspaces", "list", DATABASE_URL=f"postgresql://postgres@127.0.0.1:{port}/test"
-        )
+        url = f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/test"
+        cli = Cli(Backend("url", {"DATABASE_URL": url}, schema, None), capsys, monkeypatch)
+        proc = cli.script("workspaces", "list")
         peer, _ = silent.accept()  # the command is inside its connect now
         with peer:
             proc.send_signal(signal.SIGINT)
