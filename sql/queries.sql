@@ -619,3 +619,99 @@ SELECT id, credentials FROM connections
 -- name: store_rotated_credentials
 -- The same credentials, re-encrypted under the newest key.
 UPDATE connections SET credentials = %(credentials)s WHERE id = %(connection_id)s;
+
+-- name: connections_overview
+-- The operator page's list of connections: each with its queued/running/waiting run, if any,
+-- and its last finished run. Two index probes per connection (connection_runs_by_connection,
+-- walked backwards), and at most `limit` connections, so the page costs the same however much
+-- history there is.
+SELECT c.id, c.workspace_id, w.name AS workspace_name, c.name, c.provider, c.status,
+       c.schedule_every, c.next_run_at,
+       a.id AS active_run_id, a.status AS active_run_status,
+       f.id AS last_run_id, f.status AS last_run_status, f.finished_at AS last_run_finished_at,
+       f.error AS last_run_error
+  FROM connections c
+  JOIN workspaces w ON w.id = c.workspace_id
+  LEFT JOIN LATERAL (
+      SELECT r.id, r.status FROM connection_runs r
+       WHERE r.connection_id = c.id AND r.status IN ('waiting', 'queued', 'running')
+       ORDER BY r.id DESC LIMIT 1
+  ) a ON true
+  LEFT JOIN LATERAL (
+      SELECT r.id, r.status, r.finished_at, r.error FROM connection_runs r
+       WHERE r.connection_id = c.id AND r.status IN ('succeeded', 'partial', 'failed', 'cancelled')
+       ORDER BY r.id DESC LIMIT 1
+  ) f ON true
+ WHERE (%(workspace_id)s::bigint IS NULL OR c.workspace_id = %(workspace_id)s)
+ ORDER BY c.workspace_id, c.id
+ LIMIT %(limit)s;
+
+-- name: metrics_statement_timeout
+-- A scrape of /metrics never holds a connection longer than the scraper waits for it: the
+-- snapshot below runs in a transaction with this statement timeout.
+SELECT set_config('statement_timeout', %(timeout)s, true);
+
+-- name: metrics_snapshot
+-- What /metrics exports from the database, in one statement, hence from one snapshot. Every part
+-- reads an index that holds only what it counts, so a scrape costs the same however much history
+-- retention keeps: the live runs and the queue (connection_runs_claimable), the runs finished in
+-- the last `window_seconds` and their per-table record counts (connection_runs_finished), the
+-- dead letters (connection_runs_dead_letters), and the workers. Read-only.
+WITH live AS (
+    SELECT kind, provider, status, count(*) AS count
+      FROM connection_runs
+     WHERE status IN ('waiting', 'queued', 'running')
+     GROUP BY kind, provider, status
+), finished AS (
+    SELECT kind, provider, status, count(*) AS count
+      FROM connection_runs
+     WHERE finished_at IS NOT NULL
+       AND finished_at > now() - make_interval(secs => %(window_seconds)s)
+     GROUP BY kind, provider, status
+), dead AS (
+    SELECT kind, provider, count(*) AS count
+      FROM connection_runs
+     WHERE status = 'failed'
+     GROUP BY kind, provider
+), queue AS (
+    SELECT count(*) FILTER (WHERE status = 'queued' AND queued_at <= now()) AS due,
+           count(*) FILTER (WHERE status = 'queued' AND queued_at > now()) AS delayed,
+           count(*) FILTER (WHERE status = 'waiting') AS waiting,
+           extract(epoch FROM now() - min(queued_at)
+                   FILTER (WHERE status = 'queued' AND queued_at <= now()))::float8
+               AS oldest_due_seconds,
+           count(*) FILTER (WHERE status = 'running' AND lease_expires_at < now())
+               AS expired_leases,
+           extract(epoch FROM now() - min(started_at) FILTER (WHERE status = 'running'))::float8
+               AS oldest_running_seconds
+      FROM connection_runs
+     WHERE status IN ('waiting', 'queued', 'running')
+), records AS (
+    SELECT r.provider,
+           sum(CASE WHEN jsonb_typeof(t.result -> 'upserted') = 'number'
+                    THEN (t.result ->> 'upserted')::numeric ELSE 0 END)::bigint AS upserted,
+           sum(CASE WHEN jsonb_typeof(t.result -> 'unchanged') = 'number'
+                    THEN (t.result ->> 'unchanged')::numeric ELSE 0 END)::bigint AS unchanged,
+           sum(CASE WHEN jsonb_typeof(t.result -> 'tombstoned') = 'number'
+                    THEN (t.result ->> 'tombstoned')::numeric ELSE 0 END)::bigint AS tombstoned
+      FROM connection_runs r
+     CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(r.results) = 'object'
+                                        THEN r.results ELSE '{}' END) AS t(name, result)
+     WHERE r.kind = 'sync' AND r.finished_at IS NOT NULL
+       AND r.finished_at > now() - make_interval(secs => %(window_seconds)s)
+     GROUP BY r.provider
+), workers AS (
+    SELECT CASE WHEN stopped_at IS NOT NULL THEN 'stopped'
+                WHEN heartbeat_at < now() - make_interval(secs => %(stale_after_seconds)s)
+                THEN 'stale'
+                ELSE 'alive' END AS state,
+           count(*) AS count
+      FROM workers
+     GROUP BY 1
+)
+SELECT (SELECT coalesce(jsonb_agg(to_jsonb(live)), '[]') FROM live) AS live,
+       (SELECT coalesce(jsonb_agg(to_jsonb(finished)), '[]') FROM finished) AS finished,
+       (SELECT coalesce(jsonb_agg(to_jsonb(dead)), '[]') FROM dead) AS dead,
+       (SELECT to_jsonb(queue) FROM queue) AS queue,
+       (SELECT coalesce(jsonb_agg(to_jsonb(records)), '[]') FROM records) AS records,
+       (SELECT coalesce(jsonb_object_agg(state, count), '{}') FROM workers) AS workers;

@@ -30,6 +30,13 @@ from sync.executor import budget_key_of
 from sync.migrations import Migration, check_schema, grant, migrate
 from sync.models import Attempt, Connection, Record, Run, WorkerInfo, Workspace
 from sync.names import check_name, check_workspace_name, workspace_ref
+from sync.overview import (
+    STALE_HEARTBEATS,
+    ConnectionOverview,
+    MetricsSnapshot,
+    WorkerState,
+    worker_state,
+)
 from sync.queries import QUERIES
 from sync.secrets import SecretBox
 from sync.settings import Settings
@@ -504,6 +511,41 @@ class Engine:
     def _all(self, query: Any, **params: Any) -> list[dict[str, Any]]:
         with self.pool.connection() as conn:
             return conn.execute(query, params).fetchall()
+
+    # -- operator views (the web page and /metrics) -------------------------------------------
+
+    def connections_overview(
+        self, workspace_id: int | None = None, *, limit: int = 500
+    ) -> list[ConnectionOverview]:
+        """Connections with their queued or running run and their last finished one, by
+        workspace; at most ``limit`` of them."""
+        rows = self._all(
+            QUERIES.connections_overview, workspace_id=self._scope(workspace_id), limit=limit
+        )
+        return [ConnectionOverview.from_row(r) for r in rows]
+
+    def worker_states(self) -> list[tuple[WorkerInfo, WorkerState]]:
+        """Every worker known to the database, with whether it is alive, stale or stopped."""
+        interval = self.settings.heartbeat_interval
+        return [(w, worker_state(w, interval)) for w in self.workers()]
+
+    def metrics_snapshot(
+        self, *, window_seconds: float = 3600.0, timeout: float = 5.0
+    ) -> MetricsSnapshot:
+        """The figures ``/metrics`` exports from the database (finished runs and their records
+        over the last ``window_seconds``), read in one statement that may take at most
+        ``timeout`` seconds. Not available to a workspace-scoped engine."""
+        if self._workspace_id is not None:
+            raise InvalidInput("a workspace-scoped engine cannot read fleet-wide metrics")
+        params = {
+            "window_seconds": window_seconds,
+            "stale_after_seconds": STALE_HEARTBEATS * self.settings.heartbeat_interval,
+        }
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute(QUERIES.metrics_statement_timeout, {"timeout": f"{int(timeout * 1000)}"})
+            row = conn.execute(QUERIES.metrics_snapshot, params).fetchone()
+        assert row is not None
+        return MetricsSnapshot.from_row(row, window_seconds)
 
 
 def describe_database(settings: Settings, database_url: str | None = None) -> str:

@@ -34,6 +34,7 @@ from rich.table import Table
 from rich.text import Text
 
 import connectors
+from sync import overview
 from sync.api import Engine, describe_database
 from sync.catalog import describe_providers
 from sync.console import (
@@ -67,10 +68,13 @@ RUN_STATUSES = ("waiting", "queued", "running", "succeeded", "partial", "failed"
 
 
 def _without_flag_placeholders(params: Sequence[Any]) -> None:
-    # typer shows a type placeholder such as `<bool>` after every flag, `--help` included.
+    # typer shows a type placeholder such as `<bool>` after every flag, `--help` included, and
+    # `<str>` or `<int>` after an option or argument that names no placeholder of its own:
+    # flags get none, the others their name (`--host HOST`, `{RUN}`).
     for param in params:
-        if getattr(param, "is_flag", False) and param.metavar is None:
-            param.metavar = ""
+        if param.metavar is not None:
+            continue
+        param.metavar = "" if getattr(param, "is_flag", False) else param.name.upper()
 
 
 class _Group(typer.core.TyperGroup):
@@ -367,9 +371,7 @@ def runs_table(runs: list[Run], width: int, title: str | None = None) -> Table:
 
 def worker_state(worker: WorkerInfo, settings: Settings) -> str:
     """alive, stale (no heartbeat for three intervals: crashed or frozen) or stopped."""
-    if worker.stopped_at is not None:
-        return "stopped"
-    return "stale" if worker.since_heartbeat.total_seconds() > settings.stale_after else "alive"
+    return str(overview.worker_state(worker, settings.heartbeat_interval))
 
 
 def workspace_id(engine: Engine, ref: str) -> int:
@@ -1349,6 +1351,55 @@ def demo(
         ok = run_demo(engine, console=_out())
     if not ok:
         raise typer.Exit(RUN_FAILED)
+
+
+# -- the operator web page ----------------------------------------------------------------------
+
+
+@app.command("ui")
+@guarded
+def ui_command(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port (0: any free one)."),
+    read_only: bool = typer.Option(
+        False, "--read-only", help="Show everything; refuse every action."
+    ),
+    auth_header: str | None = typer.Option(
+        None,
+        "--auth-header",
+        help="A header naming the user, set by a reverse proxy you trust "
+        "(CONNECTOR_SYNC_UI_AUTH_HEADER).",
+    ),
+) -> None:
+    """Serve the operator web page and /metrics. Only on a loopback address unless
+    CONNECTOR_SYNC_UI_TOKEN or --auth-header says who may use it."""
+    from dataclasses import replace
+
+    from sync.ui import UiOptions, serve
+
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    settings = load_settings()
+    token = settings.ui_token.get_secret_value() if settings.ui_token else None
+    options = UiOptions(
+        read_only=read_only,
+        token=token or None,
+        auth_header=auth_header or settings.ui_auth_header or None,
+    )
+    options.access.check(host)  # before touching the database
+    with open_engine(settings) as engine:
+        database = _session.where or describe(engine.url)
+        _session.announce()
+
+        def ready(url: str) -> None:
+            mode = " (read-only)" if read_only else ""
+            print(f"serving the operator page on {url}{mode}", file=sys.stderr, flush=True)
+
+        options = replace(options, database=database)
+        serve(engine, options, host=host, port=port, on_ready=ready)
 
 
 # -- the entry point ---------------------------------------------------------------------------

@@ -61,6 +61,15 @@ class Settings(BaseSettings):
         default=30.0, ge=0, description="Longest Retry-After slept inside a run; longer requeues."
     )
 
+    ui_token: SecretStr | None = Field(
+        default=None,
+        description="The operator page's access token; requests without it get 401.",
+    )
+    ui_auth_header: str | None = Field(
+        default=None,
+        description="A header naming the user, set by a reverse proxy the operator trusts.",
+    )
+
     @field_validator("schema_name")
     @classmethod
     def _schema_is_identifier(cls, value: str) -> str:

@@ -1,0 +1,125 @@
+"""Renders the screenshots of the operator page in docs/images/ (and prints a /metrics scrape).
+
+    python scripts/render_ui_screenshots.py [OUTPUT_DIR]
+
+Needs the test extras (`pip install -e '.[test]'`), Debian's chromium, and a Postgres in
+DATABASE_URL (default: the local test database). It works in a schema of its own, dropped at the
+end: the simulated provider serves two tenants, a worker loop syncs their connections (one with
+a refused token, one paused, one held part-way so a run is shown running), and headless Chromium
+photographs each page.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import psycopg
+from cryptography.fernet import Fernet
+from playwright.sync_api import expect
+from pydantic import SecretStr
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from connectors.simulated.server import Simulation, start_server  # noqa: E402
+from sync import Engine, Settings  # noqa: E402
+from sync.db import describe  # noqa: E402
+from sync.ui.app import UiOptions  # noqa: E402
+from tests.ui_support import GATES, chromium, new_gate, serving, worker_loop  # noqa: E402
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def wait_until_terminal(engine: Engine, run_ids: list[int]) -> None:
+    pause = threading.Event()  # never set: a wait between looks at the runs
+    while not all(engine.run(r).is_terminal for r in run_ids):
+        pause.wait(0.2)
+
+
+def main(output: Path) -> None:
+    schema = f"ui_screens_{uuid.uuid4().hex[:8]}"
+    settings = Settings(
+        database_url=DATABASE_URL,
+        schema_name=schema,
+        batch_size=50,
+        secret_keys=SecretStr(Fernet.generate_key().decode()),  # throwaway credentials
+    )
+    simulation = Simulation()
+    simulation.add_tenant("acme", size=240, seed=7)
+    simulation.add_tenant("globex", size=90, seed=3)
+    url, stop_provider = start_server(simulation)
+    output.mkdir(parents=True, exist_ok=True)
+    try:
+        with Engine(settings) as engine:
+            engine.migrate()
+            acme = engine.create_workspace("acme-inc")
+            globex = engine.create_workspace("globex")
+
+            def simulated(ws: int, name: str, provider: str, tenant: str, token: str) -> int:
+                return engine.create_connection(
+                    ws,
+                    name,
+                    provider,
+                    config={"base_url": url, "tenant": tenant, "page_size": 40},
+                    credentials={"token": token},
+                    schedule_every=timedelta(minutes=15),
+                ).id
+
+            tracker = simulated(acme.id, "tracker", "simulated", "acme", "sim-acme")
+            crm = simulated(acme.id, "crm", "simulated_crm", "acme", "sim-acme")
+            legacy = simulated(acme.id, "legacy-tracker", "simulated", "acme", "revoked-token")
+            globex_tracker = simulated(globex.id, "tracker", "simulated", "globex", "sim-globex")
+            gate = new_gate(rows=400, pause_at=260)
+            backfill = engine.create_connection(
+                globex.id, "backfill", "ui_gated", config={"gate": gate}
+            ).id
+
+            with worker_loop(engine), worker_loop(engine):
+                first = [engine.sync(c).id for c in (tracker, crm, legacy, globex_tracker)]
+                wait_until_terminal(engine, first)
+                again = engine.sync(tracker).id  # a second sync: everything unchanged
+                wait_until_terminal(engine, [again])
+                engine.pause(globex_tracker)
+                held = engine.sync(backfill).id
+                assert GATES[gate].reached.wait(60)
+                failed = next(r.id for r in engine.runs(connection_id=legacy))
+
+                options = UiOptions(
+                    refresh_seconds=2.0, database=f"{describe(DATABASE_URL)}, schema {schema}"
+                )
+                with serving(engine, options) as base, chromium() as browser:
+                    page = browser.page
+                    shots = {
+                        "ui-connections": ("/connections", f"#connection-{tracker}"),
+                        "ui-runs": ("/runs", f"#run-{held}[data-status=running]"),
+                        "ui-run": (f"/runs/{again}", "#run[data-status=succeeded]"),
+                        "ui-run-failed": (f"/runs/{failed}", "#run[data-status=failed]"),
+                        "ui-workers": ("/workers", "#workers tr[data-state=alive]"),
+                    }
+                    for name, (path, ready) in shots.items():
+                        page.goto(base + path)
+                        expect(page.locator(ready).first).to_be_visible()
+                        page.screenshot(path=str(output / f"{name}.png"), full_page=True)
+                        print(f"wrote {output / name}.png")
+                    browser.leave()
+                    print(httpx.get(f"{base}/metrics").text)
+                GATES[gate].release.set()
+                wait_until_terminal(engine, [held])
+    finally:
+        stop_provider()
+        with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
+            conn.execute(
+                psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                    psycopg.sql.Identifier(schema)
+                )
+            )
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "images")

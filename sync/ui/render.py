@@ -1,0 +1,47 @@
+"""Renders a page: the template plus what every page shows (the menu, who is signed in,
+read-only mode, the CSRF token its forms carry, how often live parts reload)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.templating import Jinja2Templates
+
+from sync.api import Engine
+from sync.ui import display
+
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+templates.env.filters.update(
+    timestamp=display.timestamp,
+    duration=display.duration,
+    error_headline=display.error_headline,
+    error_details=display.error_details,
+)
+templates.env.globals.update(relative=display.relative, progress=display.progress)
+
+
+def render(
+    request: Request, template: str, context: dict[str, Any] | None = None, *, status: int = 200
+) -> Response:
+    options = request.app.state.options
+    common = {
+        "nav": request.app.state.nav,
+        "read_only": options.read_only,
+        "refresh_seconds": options.refresh_seconds,
+        "database": options.database,
+        "user": getattr(request.state, "user", None),
+        "csrf_token": getattr(request.state, "csrf_token", ""),
+        "now": datetime.now(UTC),
+    }
+    return templates.TemplateResponse(
+        request, template, {**common, **(context or {})}, status_code=status
+    )
+
+
+def engine_of(request: Request) -> Engine:
+    engine: Engine = request.app.state.engine
+    return engine

@@ -1,0 +1,173 @@
+"""The operator page in a real browser: Debian's Chromium, headless, driven by Playwright, against
+the page served by uvicorn on the real test database while a real worker loop runs the syncs.
+Every wait is on a condition of the page; screenshots go to test-artifacts/ui/."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import expect
+
+from sync import Engine
+from tests.conftest import make_settings
+from tests.ui_support import GATES, Browser, chromium, new_gate, serving, worker_loop
+
+# Every page the browser visits in a test is checked for console errors at its end.
+
+
+@pytest.fixture
+def fast_engine(schema: str) -> Iterator[Engine]:
+    """Small batches (progress shows early), quick control reads (a cancel lands fast)."""
+    settings = make_settings(schema, batch_size=25, control_interval=0.05, poll_interval=0.2)
+    with Engine(settings, pool_size=10) as engine:
+        engine.migrate()
+        yield engine
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    with chromium() as b:
+        yield b
+        assert b.errors == [], b.errors
+
+
+def gated_connection(engine: Engine, gate: str, name: str = "tracker") -> int:
+    ws = engine.workspaces()[0] if engine.workspaces() else engine.create_workspace("acme")
+    return engine.create_connection(
+        ws.id, name, "ui_gated", config={"gate": gate}, credentials={"token": "never-shown-1"}
+    ).id
+
+
+def test_the_runs_page_shows_a_run_progress_and_then_succeed(
+    fast_engine: Engine, browser: Browser
+) -> None:
+    gate = new_gate(rows=300, pause_at=150)
+    connection = gated_connection(fast_engine, gate)
+    page = browser.page
+    with serving(fast_engine) as url, worker_loop(fast_engine):
+        page.goto(f"{url}/connections")
+        row = page.locator(f"#connection-{connection}")
+        expect(row).to_contain_text("active")
+        row.get_by_role("button", name="Sync now").click()
+        # Sync now lands on the run's page.
+        expect(page).to_have_url(re.compile(r"/runs/\d+$"))
+        run_id = int(page.url.rsplit("/", 1)[1])
+
+        page.goto(f"{url}/runs")
+        run_row = page.locator(f"#run-{run_id}")
+        assert GATES[gate].reached.wait(60)
+        expect(run_row).to_have_attribute("data-status", "running")
+        # Progress: at least the batches before the pause are written and shown.
+        expect(run_row.locator(".processed")).to_have_text(re.compile(r"^(1[0-9]{2}|[5-9][0-9])$"))
+        expect(run_row).to_contain_text("tables 0/1")
+        browser.screenshot("runs-running")
+
+        GATES[gate].release.set()
+        expect(run_row).to_have_attribute("data-status", "succeeded")
+        expect(run_row.locator(".processed")).to_have_text("300")
+        expect(run_row).to_contain_text("tables 1/1")
+        browser.screenshot("runs-succeeded")
+
+        # The run's own page stops reloading once the run is over, and shows the results.
+        page.goto(f"{url}/runs/{run_id}")
+        expect(page.locator("#run")).to_have_attribute("data-status", "succeeded")
+        expect(page.locator("#run")).not_to_have_attribute("hx-get", re.compile("."))
+        expect(page.locator("#table-items")).to_contain_text("300")
+        expect(page.locator("#attempt-1")).to_contain_text("succeeded")
+        browser.screenshot("run-succeeded")
+        browser.leave()
+    assert fast_engine.run(run_id).status == "succeeded"
+
+
+def test_a_cancel_from_the_page_stops_a_running_sync(fast_engine: Engine, browser: Browser) -> None:
+    gate = new_gate(rows=300, pause_at=100)  # never released: only the cancel ends the read
+    connection = gated_connection(fast_engine, gate)
+    run_id = fast_engine.sync(connection).id
+    page = browser.page
+    with serving(fast_engine) as url, worker_loop(fast_engine):
+        page.goto(f"{url}/runs/{run_id}")
+        section = page.locator("#run")
+        expect(section).to_have_attribute("data-status", "running")
+        assert GATES[gate].reached.wait(60)
+        page.get_by_role("button", name="Cancel").click()
+        expect(section).to_have_attribute("data-status", "cancelled")
+        expect(page.locator("#run-error")).to_contain_text("cancel")
+        expect(page.locator("#table-items")).to_contain_text("cancelled")
+        expect(page.get_by_role("button", name="Cancel")).to_have_count(0)
+        browser.screenshot("run-cancelled")
+        browser.leave()
+    final = fast_engine.run(run_id)
+    assert final.status == "cancelled" and final.cancel_requested_at is not None
+    assert not GATES[gate].release.is_set()
+
+
+def test_a_failed_runs_page_shows_its_whole_error(fast_engine: Engine, browser: Browser) -> None:
+    lines = [f"line {n}: the provider explained at length why this cannot work" for n in range(40)]
+    message = "the provider refused the export\n" + "\n".join(lines)
+    gate = new_gate(rows=10, pause_at=10, fail_with=message)
+    GATES[gate].release.set()
+    connection = gated_connection(fast_engine, gate)
+    run_id = fast_engine.sync(connection).id
+    page = browser.page
+    with serving(fast_engine) as url, worker_loop(fast_engine):
+        page.goto(f"{url}/runs/{run_id}")
+        expect(page.locator("#run")).to_have_attribute("data-status", "failed")
+        run = fast_engine.run(run_id)
+        errors = [run.error, run.results["items"]["error"]]
+        errors += [a.error for a in fast_engine.attempts(run_id)]
+        assert all(errors)
+        for error in errors:
+            assert error is not None
+            shown = page.locator(".error-message", has_text=error["message"].splitlines()[0])
+            expect(shown.first).to_be_visible()
+        # The table's error and every attempt's error are there in full, not cut.
+        expect(page.locator("#table-items .error-message")).to_have_text(message)
+        expect(page.locator("#attempt-1 .error-message")).to_have_text(message)
+        expect(page.get_by_role("button", name="Retry")).to_be_visible()
+        browser.screenshot("run-failed")
+
+        # The runs list shows its first line, the connections page its last outcome.
+        page.goto(f"{url}/runs?status=failed")
+        expect(page.locator(f"#run-{run_id}")).to_contain_text("the provider refused the export")
+        page.goto(f"{url}/connections")
+        expect(page.locator(f"#connection-{connection} .last-run")).to_contain_text("failed")
+        browser.leave()
+
+
+def test_every_page_renders_without_console_errors(fast_engine: Engine, browser: Browser) -> None:
+    gate = new_gate(rows=5, pause_at=5)
+    GATES[gate].release.set()
+    connection = gated_connection(fast_engine, gate)
+    page = browser.page
+    with serving(fast_engine) as url, worker_loop(fast_engine) as worker:
+        run_id = fast_engine.sync(connection).id
+        for path, ready in (
+            ("/connections", f"#connection-{connection}"),
+            ("/runs", f"#run-{run_id}"),
+            ("/workers", "#workers tr[data-state=alive]"),
+        ):
+            page.goto(url + path)
+            expect(page.locator(ready)).to_be_visible()
+            # The live part reloads, and its requests are checked for errors too.
+            with page.expect_response(re.compile(r"/live(\?|$)")) as reloaded:
+                pass
+            assert reloaded.value.status == 200
+        page.goto(f"{url}/runs/{run_id}")
+        expect(page.locator("#run")).to_have_attribute("data-status", "succeeded")
+        page.goto(f"{url}/runs/999")
+        browser.expect_error_page()
+        expect(page.locator("#problem")).to_contain_text("no run 999")
+        page.goto(f"{url}/workers")
+        expect(page.locator("#workers")).to_contain_text(worker.id)
+        browser.screenshot("workers")
+        page.goto(f"{url}/connections")
+        # Pause and resume from the page.
+        page.locator(f"#connection-{connection}").get_by_role("button", name="Pause").click()
+        expect(page.locator(f"#connection-{connection}")).to_contain_text("paused")
+        page.locator(f"#connection-{connection}").get_by_role("button", name="Resume").click()
+        expect(page.locator(f"#connection-{connection}")).to_contain_text("active")
+        browser.screenshot("connections")
+        assert "never-shown-1" not in page.content()
+        browser.leave()
