@@ -129,7 +129,12 @@ def test_a_database_that_goes_away_mid_run_gives_a_clear_error(engine: Engine, a
     after = engine.run(run.id)
     assert after.status == "queued" and after.attempts == 1
     assert after.error["kind"] == "database"
-    assert "terminating connection" in after.error["message"]
+    # Postgres says why if the session was idle when it was cut; if a batch was in flight on it
+    # (the record writer's helper thread), libpq only sees the connection close.
+    assert any(
+        said in after.error["message"]
+        for said in ("terminating connection", "server closed the connection unexpectedly")
+    ), after.error
     # What was written before the cut is still there, and the worker carries on.
     assert len(live(admin, conn.id)) >= 5
     other = engine.sync(
