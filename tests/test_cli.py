@@ -20,7 +20,9 @@ import pytest
 import connectors
 from connectors.simulated.server import Simulation, start_server
 from sync.catalog import describe_provider
-from sync.cli import describe_progress, format_duration, parse_duration, parse_json_object
+from sync.cli import describe_progress
+from sync.cli_base import parse_duration, parse_json_object
+from sync.console import format_duration
 from sync.models import Run
 from tests.conftest import DATABASE_URL
 
