@@ -1,5 +1,6 @@
 """Every tunable of the engine, from env vars (``CONNECTOR_SYNC_*``, plus ``DATABASE_URL``) and
-CLI flags, in one pydantic-settings model. Defaults are SPEC's."""
+CLI flags, in one pydantic-settings model. The defaults and what each means are listed in
+docs/operations.md."""
 
 from __future__ import annotations
 
