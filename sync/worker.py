@@ -413,12 +413,12 @@ class Worker:
 
 def _is_dead_here(row: dict[str, Any]) -> bool:
     """Whether a registered incarnation is a process of this host that no longer runs: its pid
-    is gone, or is this very process (a restarted container reuses pids) and no open Worker of
-    this process holds the id."""
+    is gone, or is this very process (a restarted container reuses pids; the caller has made
+    sure no open Worker of this process holds the id)."""
     if row["stopped_at"] is not None or row["hostname"] != socket.gethostname():
         return False
     if row["pid"] == os.getpid():
-        return row["id"] not in _open_here
+        return True
     try:
         os.kill(row["pid"], 0)
     except ProcessLookupError:
