@@ -15,6 +15,11 @@ from connectors.base import (
     Total,
 )
 from connectors.context import ConnectorContext, RequestContext
+from connectors.credentials import (
+    OAuth2ClientCredentials,
+    OAuth2RefreshCredentials,
+    TokenCredentials,
+)
 from connectors.errors import (
     Aborted,
     AuthError,
@@ -52,6 +57,8 @@ __all__ = [
     "Mode",
     "NoConfig",
     "OAuth2",
+    "OAuth2ClientCredentials",
+    "OAuth2RefreshCredentials",
     "PermanentError",
     "Position",
     "RateLimited",
@@ -59,6 +66,7 @@ __all__ = [
     "Resync",
     "RetryableError",
     "Table",
+    "TokenCredentials",
     "Total",
     "UnknownProvider",
     "cursor_pages",

@@ -108,12 +108,17 @@ class NoConfig(BaseModel):
 
 
 class Connector:
-    """Subclass this, set ``provider``, ``tables`` and ``config_model``, implement ``read``, and
-    register the class with :func:`connectors.register` or an entry point."""
+    """Subclass this, set ``provider``, ``tables`` and ``config_model`` (and, if you like,
+    ``credentials_model``), implement ``read``, and register the class with
+    :func:`connectors.register` or an entry point."""
 
     provider: ClassVar[str]
     tables: ClassVar[Sequence[Table]] = ()
     config_model: ClassVar[type[BaseModel]] = NoConfig
+    credentials_model: ClassVar[type[BaseModel] | None] = None
+    """Optional: a pydantic model of the credentials (see ``connectors.credentials``). The
+    engine refuses credentials that do not validate when a connection is created or given new
+    ones; None accepts any."""
 
     def __init__(self, context: ConnectorContext) -> None:
         self.context = context

@@ -47,6 +47,7 @@ from connectors.base import (
     Total,
 )
 from connectors.context import ConnectorContext
+from connectors.credentials import TokenCredentials
 from connectors.errors import PermanentError
 from connectors.http import HttpClient
 from connectors.http_policy import (
@@ -151,6 +152,7 @@ class GitHubConnector(Connector):
         Table("pull_requests", shifting=True, hash_ignores=PULL_REQUEST_IGNORES),
     )
     config_model = GitHubConfig
+    credentials_model = TokenCredentials
 
     def __init__(self, context: ConnectorContext) -> None:
         super().__init__(context)

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
 from connectors.auth import OAuth2
 from connectors.base import Checkpoint, Connector, Deleted, Item, Mode, Position, Resync, Table
 from connectors.context import ConnectorContext
+from connectors.credentials import OAuth2ClientCredentials
 from connectors.errors import PermanentError
 from connectors.http import HttpClient
 from connectors.paging import next_link_pages
@@ -85,6 +86,7 @@ class GraphDriveConnector(Connector):
     provider = "msgraph_drive"
     tables = (Table("drive_items", "id", Mode.INCREMENTAL),)
     config_model = GraphDriveConfig
+    credentials_model = OAuth2ClientCredentials
 
     def __init__(self, context: ConnectorContext) -> None:
         super().__init__(context)

@@ -51,6 +51,7 @@ from connectors.base import (
     Total,
 )
 from connectors.context import ConnectorContext
+from connectors.credentials import OAuth2RefreshCredentials
 from connectors.errors import PermanentError
 from connectors.http import HttpClient
 from connectors.http_policy import (
@@ -122,6 +123,7 @@ class ProcoreConnector(Connector):
         Table("rfis", mode=Mode.INCREMENTAL, shifting=True, complete_every=DAILY),
     )
     config_model = ProcoreConfig
+    credentials_model = OAuth2RefreshCredentials
 
     def __init__(self, context: ConnectorContext) -> None:
         super().__init__(context)

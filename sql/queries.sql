@@ -13,13 +13,14 @@
 SELECT * FROM enqueue_run(%(connection_id)s, %(workspace_id)s, %(trigger)s, %(max_attempts)s);
 
 -- name: claim_run
--- Claims the oldest claimable run (see claim_run() in 0002_queue_functions.sql) and returns it
+-- Claims the oldest claimable run this worker can execute (see claim_run() in
+-- 0005_worker_providers_and_repairs.sql: a sync only of a provider in `providers`) and returns it
 -- with what the executor needs of its connection and its tables' cursors, in one round trip.
 SELECT r.*, c.name AS connection_name, c.status AS connection_status, c.config,
        c.credentials,
        (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
          WHERE s.connection_id = r.connection_id AND s.cursor IS NOT NULL) AS cursors
-  FROM claim_run(%(worker_id)s, %(lease)s) r
+  FROM claim_run(%(worker_id)s, %(lease)s, %(providers)s::text[]) r
   LEFT JOIN connections c ON c.id = r.connection_id;
 
 -- name: renew_lease
@@ -74,8 +75,9 @@ SELECT c.credentials FROM connections c, fence
    FOR UPDATE OF c;
 
 -- name: lock_connection_credentials
--- The API's side of the same lock, for a user giving a connection new credentials.
-SELECT credentials, provider, config FROM connections
+-- The API's side of the same lock, for a user giving a connection new credentials or
+-- repairing it.
+SELECT credentials, provider, config, workspace_id, status, budget_key FROM connections
  WHERE id = %(connection_id)s
    AND (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s)
    AND status <> 'deleting'
@@ -105,7 +107,8 @@ SELECT f.sealed, (f.claimed).*, c.name AS connection_name,
        (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
          WHERE s.connection_id = (f.claimed).connection_id AND s.cursor IS NOT NULL) AS cursors
   FROM finish_and_claim(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
-                        %(processed_units)s, %(disconnect)s, %(worker_id)s, %(lease)s) f
+                        %(processed_units)s, %(disconnect)s, %(worker_id)s, %(lease)s,
+                        %(providers)s::text[]) f
   LEFT JOIN connections c ON c.id = (f.claimed).connection_id;
 
 -- name: requeue_run
@@ -616,31 +619,142 @@ WITH fence AS (
 )
 SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM gone) AS deleted;
 
--- name: heartbeat
--- A worker's heartbeat: registers it on first call and says what it is running.
-INSERT INTO workers (id, hostname, pid, version, current_run_id)
-VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(version)s, %(current_run_id)s)
+-- name: register_worker
+-- A worker start records its own incarnation: process, host, version, start time and the
+-- providers it can run. Invariant: one live incarnation per worker id. The row of an earlier
+-- incarnation is taken over only if that one stopped, went stale (no heartbeat for
+-- stale_seconds), or is the dead process the caller named (same host, a pid no longer running);
+-- otherwise nothing is returned and the start is refused. Two starts racing for one dead row:
+-- the first rewrites it, the second's condition no longer holds.
+INSERT INTO workers (id, hostname, pid, version, providers, incarnation)
+VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(version)s, %(providers)s::text[],
+        %(incarnation)s)
 ON CONFLICT (id) DO UPDATE
-   SET heartbeat_at = now(), current_run_id = EXCLUDED.current_run_id, stopped_at = NULL;
+   SET hostname = EXCLUDED.hostname, pid = EXCLUDED.pid, version = EXCLUDED.version,
+       providers = EXCLUDED.providers, incarnation = EXCLUDED.incarnation,
+       started_at = now(), heartbeat_at = now(), stopped_at = NULL, current_run_id = NULL
+ WHERE workers.stopped_at IS NOT NULL
+    OR workers.heartbeat_at < now() - make_interval(secs => %(stale_seconds)s)
+    OR (%(dead_pid)s::integer IS NOT NULL
+        AND workers.hostname = EXCLUDED.hostname AND workers.pid = %(dead_pid)s
+        AND workers.incarnation IS NOT DISTINCT FROM %(dead_incarnation)s::uuid)
+RETURNING incarnation;
+
+-- name: heartbeat
+-- A worker's heartbeat: says it is alive and what it is running. Invariant: only the
+-- incarnation that owns the row beats for it; no row back means another process took the id
+-- over (this one was stale), and this one must stop. A row deleted meanwhile is written again.
+INSERT INTO workers (id, hostname, pid, version, providers, incarnation, current_run_id)
+VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(version)s, %(providers)s::text[],
+        %(incarnation)s, %(current_run_id)s)
+ON CONFLICT (id) DO UPDATE
+   SET heartbeat_at = now(), current_run_id = EXCLUDED.current_run_id
+ WHERE workers.incarnation = EXCLUDED.incarnation
+RETURNING 1 AS beat;
 
 -- name: worker_stopped
-UPDATE workers SET stopped_at = now(), current_run_id = NULL WHERE id = %(worker_id)s;
+-- Records a worker's stop. Invariant: one incarnation's stop never marks another stopped.
+UPDATE workers SET stopped_at = now(), current_run_id = NULL
+ WHERE id = %(worker_id)s AND incarnation = %(incarnation)s;
+
+-- name: get_worker
+SELECT w.*, now() - w.heartbeat_at AS since_heartbeat FROM workers w WHERE w.id = %(worker_id)s;
+
+-- name: queued_runs_without_worker
+-- Queued syncs that no live worker can take, by provider: no live worker (one that heartbeated
+-- within stale_seconds and has not stopped) has that provider installed. A worker of an older
+-- version (providers NULL) takes any. Reads only the claimable partial index's runs.
+SELECT r.provider, count(*) AS runs, min(r.id) AS oldest_run
+  FROM connection_runs r
+ WHERE r.status = 'queued' AND r.kind = 'sync'
+   AND (%(workspace_id)s::bigint IS NULL OR r.workspace_id = %(workspace_id)s)
+   AND NOT EXISTS (SELECT 1 FROM workers w
+                    WHERE w.stopped_at IS NULL
+                      AND w.heartbeat_at > now() - make_interval(secs => %(stale_seconds)s)
+                      AND (w.providers IS NULL OR r.provider = ANY (w.providers)))
+ GROUP BY r.provider
+ ORDER BY r.provider;
 
 -- name: create_workspace
 INSERT INTO workspaces (name) VALUES (%(name)s) RETURNING *;
 
 -- name: list_workspaces
-SELECT * FROM workspaces ORDER BY id;
+-- Workspaces that are not deleted, and deleted ones whose connections are still being purged.
+SELECT w.*, (SELECT count(*) FROM connections c WHERE c.workspace_id = w.id) AS connections
+  FROM workspaces w
+ WHERE w.deleted_at IS NULL
+    OR EXISTS (SELECT 1 FROM connections c WHERE c.workspace_id = w.id)
+ ORDER BY w.id;
 
--- name: get_workspace
-SELECT * FROM workspaces WHERE id = %(workspace_id)s OR name = %(name)s ORDER BY id LIMIT 1;
+-- name: get_workspace_by_id
+-- A reference made of digits is an id, and only an id: it never matches a name.
+SELECT w.*, (SELECT count(*) FROM connections c WHERE c.workspace_id = w.id) AS connections
+  FROM workspaces w
+ WHERE w.id = %(workspace_id)s;
+
+-- name: get_workspace_by_name
+-- Any other reference is a name; a deleted workspace's name may be taken again, so only a
+-- workspace that is not deleted answers to it.
+SELECT w.*, (SELECT count(*) FROM connections c WHERE c.workspace_id = w.id) AS connections
+  FROM workspaces w
+ WHERE w.name = %(name)s AND w.deleted_at IS NULL;
+
+-- name: rename_workspace
+UPDATE workspaces SET name = %(name)s
+ WHERE id = %(workspace_id)s AND deleted_at IS NULL
+RETURNING *;
+
+-- name: mark_workspace_deleted
+-- The first step of deleting a workspace, in the transaction that then deletes each of its
+-- connections. FOR UPDATE conflicts with the KEY SHARE lock create_connection takes, so a
+-- connection is either created before (and deleted here) or refused after.
+WITH locked AS (
+    SELECT id FROM workspaces WHERE id = %(workspace_id)s FOR UPDATE
+)
+UPDATE workspaces w SET deleted_at = coalesce(w.deleted_at, now())
+  FROM locked
+ WHERE w.id = locked.id
+RETURNING w.*;
+
+-- name: connections_of_workspace
+SELECT id FROM connections WHERE workspace_id = %(workspace_id)s ORDER BY id;
 
 -- name: create_connection
+-- Creates a connection in a workspace that is not deleted. The KEY SHARE lock waits for a
+-- workspace delete in progress, then sees it deleted (see mark_workspace_deleted).
 INSERT INTO connections (workspace_id, name, provider, config, credentials, budget_key,
                          schedule_every, next_run_at)
-VALUES (%(workspace_id)s, %(name)s, %(provider)s, %(config)s, %(credentials)s, %(budget_key)s,
-        make_interval(secs => %(schedule_seconds)s),
-        CASE WHEN %(schedule_seconds)s::float8 IS NULL THEN NULL ELSE now() END)
+SELECT w.id, %(name)s, %(provider)s, %(config)s, %(credentials)s, %(budget_key)s,
+       make_interval(secs => %(schedule_seconds)s),
+       CASE WHEN %(schedule_seconds)s::float8 IS NULL THEN NULL ELSE now() END
+  FROM workspaces w
+ WHERE w.id = %(workspace_id)s AND w.deleted_at IS NULL
+   FOR KEY SHARE
+RETURNING *;
+
+-- name: update_connection
+-- An operator's repair of a connection, under the row lock of lock_connection_credentials: a
+-- new name, config, credentials (a disconnected connection given new ones is active again) or
+-- schedule. A new schedule never pushes the next run later than the new interval from now; a
+-- connection that had no schedule is due at once, as a new one is.
+UPDATE connections
+   SET name = coalesce(%(name)s, name),
+       config = coalesce(%(config)s, config),
+       credentials = CASE WHEN %(set_credentials)s THEN %(credentials)s ELSE credentials END,
+       budget_key = %(budget_key)s,
+       status = CASE WHEN status = 'disconnected' AND %(set_credentials)s THEN 'active'
+                     ELSE status END,
+       schedule_every = CASE WHEN %(set_schedule)s
+                             THEN make_interval(secs => %(schedule_seconds)s)
+                             ELSE schedule_every END,
+       next_run_at = CASE WHEN NOT %(set_schedule)s THEN next_run_at
+                          WHEN %(schedule_seconds)s::float8 IS NULL THEN NULL
+                          WHEN schedule_every IS NULL OR next_run_at IS NULL THEN now()
+                          ELSE least(next_run_at,
+                                     now() + make_interval(secs => %(schedule_seconds)s))
+                     END,
+       updated_at = now()
+ WHERE id = %(connection_id)s
 RETURNING *;
 
 -- name: list_connections
@@ -654,24 +768,27 @@ SELECT * FROM connections
    AND (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s);
 
 -- name: set_connection_status
--- Pause, resume or disconnect. A deleting connection never changes status again; resuming
--- restarts its schedule from now.
+-- Pause or resume, only from the statuses given: a deleting connection never changes status
+-- again, and a disconnected one is resumed only when the caller says so (its credentials were
+-- refused). Resuming restarts its schedule from now.
 UPDATE connections
    SET status = %(status)s, updated_at = now(),
        next_run_at = CASE WHEN %(status)s = 'active' AND schedule_every IS NOT NULL
                           THEN now() ELSE next_run_at END
  WHERE id = %(connection_id)s
    AND (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s)
-   AND status <> 'deleting'
+   AND status = ANY (%(from_statuses)s::text[])
 RETURNING *;
 
 -- name: delete_connection
 SELECT * FROM delete_connection(%(connection_id)s, %(workspace_id)s, %(max_attempts)s);
 
 -- name: list_runs
+-- Newest first. A connection's runs are found by its id after it was deleted too.
 SELECT * FROM connection_runs
  WHERE (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s)
-   AND (%(connection_id)s::bigint IS NULL OR connection_id = %(connection_id)s)
+   AND (%(connection_id)s::bigint IS NULL OR connection_id = %(connection_id)s
+        OR deleted_connection_id = %(connection_id)s)
    AND (%(status)s::text IS NULL OR status = %(status)s)
  ORDER BY id DESC
  LIMIT %(limit)s;

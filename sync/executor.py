@@ -282,7 +282,10 @@ class Executor:
         secrets: SecretBox | None,
         keeper: LeaseKeeper,
         worker_id: str,
+        *,
+        providers: list[str] | None = None,
     ) -> None:
+        self._providers = providers  # what the claim of the next run may take
         self._pool = pool
         self._settings = settings
         self._secrets = secrets
@@ -878,6 +881,7 @@ class Executor:
                         finish.update(
                             worker_id=self._worker_id,
                             lease=timedelta(seconds=self._settings.lease_seconds),
+                            providers=self._providers,
                         )
                         cursor = conn.execute(QUERIES.finish_and_claim, finish)
                     else:

@@ -42,7 +42,8 @@ CREATE TRIGGER audit AFTER INSERT OR UPDATE ON records
 def claim(engine: Engine, worker_id: str) -> dict[str, Any]:
     with engine.pool.connection() as conn:
         row = conn.execute(
-            QUERIES.claim_run, {"worker_id": worker_id, "lease": timedelta(seconds=120)}
+            QUERIES.claim_run,
+            {"worker_id": worker_id, "lease": timedelta(seconds=120), "providers": None},
         ).fetchone()
     assert row is not None
     return dict(row)

@@ -36,6 +36,7 @@ from connectors.base import (
     Total,
 )
 from connectors.context import ConnectorContext
+from connectors.credentials import TokenCredentials
 from connectors.errors import PermanentError
 from connectors.http import HttpClient
 from connectors.paging import cursor_pages, link_header_pages, next_link
@@ -60,6 +61,7 @@ class SimulatedConfig(BaseModel):
 
 class _Simulated(Connector):
     config_model = SimulatedConfig
+    credentials_model = TokenCredentials
     api: str
 
     def __init__(self, context: ConnectorContext) -> None:
