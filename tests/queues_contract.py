@@ -9,7 +9,9 @@ the implementation serializes concurrent callers correctly, and prove it with re
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -106,40 +108,53 @@ class DeadLog:
         self.jobs.append(job)
 
 
-@contextmanager
-def in_thread(target: Callable[[], object]) -> Iterator[threading.Thread]:
-    """Run ``target`` in a thread for the duration of the block, then join it and raise what
-    it raised."""
-    failures: list[BaseException] = []
+class Background:
+    """``target`` running in a thread; :meth:`join` waits for it and raises what it raised."""
 
-    def run() -> None:
+    def __init__(self, target: Callable[[], object]) -> None:
+        self._failures: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, args=(target,), daemon=True)
+        self._thread.start()
+
+    def _run(self, target: Callable[[], object]) -> None:
         try:
             target()
         except BaseException as exc:
-            failures.append(exc)
+            self._failures.append(exc)
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    def join(self) -> None:
+        self._thread.join(WAIT)
+        assert not self._thread.is_alive(), "the thread did not finish"
+        if self._failures:
+            raise self._failures[0]
+
+
+@contextmanager
+def in_thread(target: Callable[[], object]) -> Iterator[Background]:
+    """Run ``target`` in a thread for the duration of the block, then join it."""
+    background = Background(target)
     try:
-        yield thread
+        yield background
     finally:
-        thread.join(WAIT)
-    assert not thread.is_alive(), "the thread did not finish"
-    if failures:
-        raise failures[0]
+        background.join()
 
 
-def all_at_once(count: int, call: Callable[[], T]) -> list[T]:
-    """``call`` from ``count`` threads released together by a barrier; their results."""
+def all_at_once(
+    count: int, call: Callable[[], T], pool: ThreadPoolExecutor | None = None
+) -> list[T]:
+    """``call`` from ``count`` threads (of ``pool``, else new ones) released together by a
+    barrier; their results."""
     barrier = threading.Barrier(count)
 
     def racer() -> T:
         barrier.wait(WAIT)
         return call()
 
-    with ThreadPoolExecutor(count) as pool:
-        futures = [pool.submit(racer) for _ in range(count)]
-        return [future.result(WAIT) for future in futures]
+    if pool is None:
+        with ThreadPoolExecutor(count) as own:
+            return all_at_once(count, call, own)
+    futures = [pool.submit(racer) for _ in range(count)]
+    return [future.result(WAIT) for future in futures]
 
 
 def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
@@ -155,6 +170,20 @@ def at(clock: ManualClock, minutes: float) -> datetime:
 
 
 class QueuesContract:
+    @pytest.fixture(autouse=True)
+    def _frequent_thread_switches(self, request: pytest.FixtureRequest) -> Iterator[None]:
+        """Threads of a concurrent test switch every microsecond instead of every 5 ms, so
+        that a check-then-act without the right lock interleaves within a few runs."""
+        if request.node.get_closest_marker("concurrent") is None:
+            yield
+            return
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+        try:
+            yield
+        finally:
+            sys.setswitchinterval(before)
+
     # Standard queues, handlers, payloads
 
     def test_a_standard_queue_runs_every_job_it_is_sent(self, harness: Harness) -> None:
@@ -270,10 +299,18 @@ class QueuesContract:
     @pytest.mark.concurrent
     def test_concurrent_sends_of_one_key_make_one_job(self, harness: Harness) -> None:
         harness.declare("sources.sync", policy=QueuePolicy.EXCLUSIVE)
-        ids = all_at_once(20, lambda: harness.queues.send("sources.sync", {}, key="source-1"))
-
-        assert len(set(ids)) == 1
-        assert [job.id for job in harness.queues.list_jobs(queue="sources.sync")] == ids[:1]
+        # Each round races 20 sends of a new key; a race lost in any round shows.
+        with ThreadPoolExecutor(20) as pool:
+            for source in range(100):
+                ids = all_at_once(
+                    20,
+                    functools.partial(
+                        harness.queues.send, "sources.sync", {}, key=f"source-{source}"
+                    ),
+                    pool,
+                )
+                assert len(set(ids)) == 1, f"round {source}: {sorted(set(ids))}"
+        assert len(harness.queues.list_jobs(queue="sources.sync", limit=1000)) == 100
 
     # Start times
 
@@ -495,27 +532,34 @@ class QueuesContract:
     @pytest.mark.concurrent
     def test_an_attempt_past_its_expiry_is_taken_back_by_the_claim(self, harness: Harness) -> None:
         harness.declare("docs.ingest", expire=60)
-        gate = Gate()
-        harness.queues.register("docs.ingest", gate)
+        gates = {1: Gate(), 2: Gate()}
+
+        def handler(job: Job, abort: Abort) -> None:
+            gates[job.attempts](job, abort)
+
+        harness.queues.register("docs.ingest", handler)
         job_id = harness.queues.send("docs.ingest", {})
 
-        with in_thread(harness.runner.run_due):
-            assert gate.entered.wait(WAIT)
+        with in_thread(harness.runner.run_due) as stuck:  # a worker stuck in attempt 1
+            assert gates[1].entered.wait(WAIT)
             harness.clock.advance(59)
-            assert harness.runner.run_due() == 0
+            assert harness.runner.run_due() == 0  # not expired yet: nobody takes it
             harness.clock.advance(2)
-            assert harness.runner.run_due() == 1
-            assert gate.aborts[0].is_set
-            finished = harness.queues.get_job(job_id)
-            gate.release.set()
+            with in_thread(harness.runner.run_due):  # another worker's claim takes it back
+                assert gates[2].entered.wait(WAIT)
+                assert gates[1].aborts[0].is_set
+                # The stuck attempt ends while attempt 2 runs: it changes nothing.
+                gates[1].release.set()
+                stuck.join()
+                running = harness.queues.get_job(job_id)
+                assert (running.status, running.attempts) == (JobStatus.ACTIVE, 2)
+                gates[2].release.set()
 
-        # The stuck attempt ended after another took the job over: it changed nothing.
-        assert finished.status is JobStatus.COMPLETED and finished.attempts == 2
-        assert harness.queues.get_job(job_id) == finished
+        job = harness.queues.get_job(job_id)
+        assert (job.status, job.attempts) == (JobStatus.COMPLETED, 2)
         attempts = harness.queues.attempts(job_id)
         assert [a.outcome for a in attempts] == [AttemptOutcome.EXPIRED, AttemptOutcome.COMPLETED]
         assert "expiry" in (attempts[0].error or "")
-        assert gate.calls == 2
 
     def test_an_attempt_that_outlives_its_expiry_cannot_complete(self, harness: Harness) -> None:
         harness.declare("docs.ingest", expire=60)

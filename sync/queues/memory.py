@@ -50,6 +50,7 @@ log = logging.getLogger("sync.queues")
 
 MAX_LIST = 1000
 _WAITING = (JobStatus.QUEUED, JobStatus.RETRYING)
+_TAKEN_AWAY = (AttemptOutcome.CANCELLED, AttemptOutcome.EXPIRED)
 _MAX_ERROR = 500
 
 
@@ -142,7 +143,6 @@ class InMemoryQueues:
         self._jobs: dict[int, _Entry] = {}
         self._slots: dict[tuple[str, str], int] = {}  # (queue, slot) -> the pending job
         self._schedules: dict[str, Schedule] = {}
-        self._fired: set[tuple[str, datetime]] = set()  # (queue, tick): each fires once
         self._ids = itertools.count(1)
         self._tokens = itertools.count(1)
 
@@ -192,7 +192,6 @@ class InMemoryQueues:
             for entry in [e for e in self._jobs.values() if e.queue == name]:
                 del self._jobs[entry.id]
             self._schedules.pop(name, None)
-            self._fired = {fired for fired in self._fired if fired[0] != name}
             del self._queues[name]
 
     # Handlers
@@ -322,18 +321,11 @@ class InMemoryQueues:
                 fire = firing(schedule.cron, schedule.next_tick, now)
                 if fire.tick is None:
                     continue
-                if (name, fire.tick) not in self._fired:
-                    self._fired.add((name, fire.tick))
-                    job_id, created = self._insert(
-                        self._queues[name],
-                        copy.deepcopy(schedule.payload),
-                        None,
-                        now,
-                        now,
-                        fire.tick,
-                    )
-                    if created:
-                        sent.append(job_id)
+                job_id, created = self._insert(
+                    self._queues[name], copy.deepcopy(schedule.payload), None, now, now, fire.tick
+                )
+                if created:
+                    sent.append(job_id)
                 self._schedules[name] = replace(
                     schedule, next_tick=fire.next_tick, last_tick=fire.tick
                 )
@@ -577,13 +569,14 @@ class InMemoryQueues:
     def _close_attempt(
         self, entry: _Entry, now: datetime, outcome: AttemptOutcome, error: str | None
     ) -> None:
-        """End the running attempt: record how, set its abort signal, forget its token."""
+        """End the running attempt and forget its token. An attempt ended from outside (a
+        cancel, a claim taking it back) has its abort signal set, so its handler stops."""
         entry.history[-1] = replace(
             entry.history[-1], finished_at=now, outcome=outcome, error=error
         )
         if outcome in (AttemptOutcome.FAILED, AttemptOutcome.EXPIRED):
             entry.error = error
-        if entry.abort is not None:
+        if entry.abort is not None and outcome in _TAKEN_AWAY:
             entry.abort.trip()
         entry.token = None
         entry.abort = None
