@@ -1,9 +1,10 @@
-"""A job's payload is JSON: what a send gives is checked and stored as JSON keeps it, so the
-in-memory implementation hands a handler exactly what Postgres's jsonb would."""
+"""A job's payload is JSON: what a send gives is checked and kept as Postgres's jsonb keeps it,
+so the in-memory implementation hands a handler exactly what the Postgres one would."""
 
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Any
 
 from sync.errors import InvalidInput
@@ -12,8 +13,8 @@ _KINDS = "objects with string keys, lists, strings, numbers, booleans and None"
 
 
 def json_payload(queue: str, payload: object) -> Any:
-    """``payload`` as JSON keeps it (tuples become lists), or :class:`InvalidInput` in one line
-    saying what is not JSON."""
+    """``payload`` as jsonb keeps it (tuples become lists, numbers as :func:`_jsonb_number`
+    reads them), or :class:`InvalidInput` in one line saying what is not JSON."""
     try:
         text = json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -23,7 +24,16 @@ def json_payload(queue: str, payload: object) -> Any:
     problem = _unstorable(payload)
     if problem:
         raise InvalidInput(f"the payload of a job for queue {queue!r} {problem}; send {_KINDS}")
-    return json.loads(text)
+    return json.loads(text, parse_float=_jsonb_number)
+
+
+def _jsonb_number(text: str) -> float | int:
+    """A JSON number with a fraction or an exponent as it comes back from jsonb, which stores
+    it as numeric and writes it without an exponent: 1e20 comes back as an int, -0.0 as 0.0."""
+    written = format(Decimal(text), "f")
+    if "." not in written:
+        return int(written)
+    return float(written) + 0.0  # numeric has no negative zero; -0.0 + 0.0 is 0.0
 
 
 def _unstorable(value: object) -> str | None:
