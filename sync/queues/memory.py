@@ -41,7 +41,7 @@ from sync.queues.models import (
     Schedule,
 )
 from sync.queues.payloads import json_payload
-from sync.queues.port import DeadHook, Handler
+from sync.queues.port import DeadHook, Handler, JobRunner, Queues
 from sync.queues.registry import HandlerRegistry, Registration
 from sync.queues.retries import Fate, fate_after
 from sync.redact import redact
@@ -131,7 +131,9 @@ class _Claim:
 _DeadCall = tuple[DeadHook, Job]
 
 
-class InMemoryQueues:
+class InMemoryQueues(Queues, JobRunner):
+    """Time comes from ``clock`` (the system clock by default); retry jitter from ``rand``."""
+
     def __init__(
         self, *, clock: Clock | None = None, rand: Callable[[], float] = random.random
     ) -> None:
@@ -303,7 +305,7 @@ class InMemoryQueues:
                 last_tick=existing.last_tick if existing else None,
             )
             self._schedules[queue] = made
-            return made
+            return replace(made, payload=copy.deepcopy(value))
 
     def unschedule(self, queue: str) -> bool:
         with self._lock:
@@ -311,7 +313,10 @@ class InMemoryQueues:
 
     def list_schedules(self) -> list[Schedule]:
         with self._lock:
-            return sorted(self._schedules.values(), key=lambda s: s.queue)
+            return [
+                replace(s, payload=copy.deepcopy(s.payload))
+                for s in sorted(self._schedules.values(), key=lambda s: s.queue)
+            ]
 
     def enqueue_due_schedules(self) -> list[int]:
         sent: list[int] = []

@@ -60,10 +60,6 @@ class Job:
     error: str | None  # the latest failure, one line
     tick: datetime | None  # the cron tick that sent it, if a schedule did
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status in FINISHED
-
 
 @dataclass(frozen=True)
 class JobAttempt:
