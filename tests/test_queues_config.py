@@ -56,6 +56,8 @@ def test_a_declaration_has_the_documented_defaults() -> None:
         ("q", {"dead_letter": "q"}, "dead_letter must name another queue"),
         ("q", {"expire": "soon"}, "expire: Input should be a valid number"),
         ("q", {"retry_limt": 3}, "retry_limt: Extra inputs are not permitted"),
+        ("q", {"dead_letter": "Q!"}, "dead_letter: must be lower-case letters"),
+        ("q", {"retention": math.inf}, "retention: Input should be less than or equal to"),
     ],
 )
 def test_a_bad_declaration_is_one_line_naming_the_queue_and_field(

@@ -31,7 +31,7 @@ DAY = 86400.0
 class QueueSpec(BaseModel):
     """A queue, as declared. Durations are seconds."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_enum_values=False)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: QueueName
     policy: QueuePolicy = QueuePolicy.STANDARD
@@ -40,7 +40,9 @@ class QueueSpec(BaseModel):
     retry_ceiling: float = Field(default=300.0, gt=0, le=30 * DAY, description="Longest delay.")
     expire: float = Field(default=900.0, gt=0, le=7 * DAY, description="Longest attempt.")
     dead_letter: QueueName | None = Field(default=None, description="Where dead jobs wait.")
-    retention: float = Field(default=7 * DAY, gt=0, description="How long finished jobs stay.")
+    retention: float = Field(
+        default=7 * DAY, gt=0, le=3650 * DAY, description="How long finished jobs stay."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -73,7 +75,7 @@ def describe(exc: ValidationError) -> str:
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"])
         message = err["msg"].removeprefix("Value error, ")
-        if where == "name":
+        if err["type"] == "string_pattern_mismatch":
             message = f"must be {NAME_RULE} (at most 100)"
         problems.append(f"{where}: {message}" if where else message)
     return "; ".join(problems)

@@ -230,12 +230,12 @@ class InMemoryQueues(Queues, JobRunner):
             raise InvalidInput(f"limit must be from 1 to {MAX_LIST}, not {limit}")
         with self._lock:
             found = [
-                entry.snapshot()
+                entry
                 for entry in sorted(self._jobs.values(), key=lambda e: -e.id)
                 if (queue is None or entry.queue == queue)
                 and (status is None or entry.status is status)
             ]
-            return found[:limit]
+            return [entry.snapshot() for entry in found[:limit]]
 
     def attempts(self, job_id: int) -> list[JobAttempt]:
         with self._lock:
@@ -385,7 +385,7 @@ class InMemoryQueues(Queues, JobRunner):
                 for entry in self._jobs.values()
                 if entry.status in FINISHED
                 and entry.finished_at is not None
-                and entry.finished_at + timedelta(seconds=self._retention(entry.queue)) < now
+                and entry.finished_at + timedelta(seconds=self._queues[entry.queue].retention) < now
             ]
             for job_id in gone:
                 del self._jobs[job_id]
@@ -404,10 +404,6 @@ class InMemoryQueues(Queues, JobRunner):
         if entry is None:
             raise NotFound(f"no job {job_id}")
         return entry
-
-    def _retention(self, queue: str) -> float:
-        spec = self._queues.get(queue)
-        return spec.retention if spec is not None else 0.0
 
     def _pending_in(self, queue: str) -> int:
         return sum(

@@ -1,9 +1,8 @@
 """The port application modules depend on. A module that only queues work takes a
 :class:`JobSender`; code that declares queues, registers handlers or operates them takes
-:class:`Queues`. The engine provides the Postgres implementation; :class:`InMemoryQueues`
-(``sync.queues.memory``) serves an application's unit tests, and both pass one contract suite.
-
-What a worker (or a test) drives to fire schedules and run due jobs is :class:`JobRunner`."""
+:class:`Queues`; what a worker (or a test) drives to fire schedules and run due jobs is
+:class:`JobRunner`. Every implementation (:class:`InMemoryQueues` in ``sync.queues.memory``
+serves an application's unit tests) passes the contract suite in ``tests/queues_contract.py``."""
 
 from __future__ import annotations
 
