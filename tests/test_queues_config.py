@@ -195,13 +195,19 @@ def test_a_handler_must_be_callable() -> None:
 texts = st.text(max_size=8).filter(
     lambda t: "\x00" not in t and not any(0xD800 <= ord(c) < 0xE000 for c in t)
 )
+
+
+def containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4)
+
+
 json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers()
     | st.floats(allow_nan=False, allow_infinity=False)
     | texts,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4),
+    containers,
     max_leaves=20,
 )
 
