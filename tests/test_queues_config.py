@@ -181,7 +181,7 @@ def test_a_process_serves_the_queues_with_lanes_and_a_handler() -> None:
     assert served_queues({"a": 2, "b": 0}, {"a", "b"}) == {"a": 2}
     with pytest.raises(InvalidInput) as exc:
         served_queues({"a": 2, "c": 1}, {"a"})
-    assert "gives lanes to c but this process registers no handler" in one_line(exc)
+    assert "gives lanes to c, with no handler registered in this process" in one_line(exc)
 
 
 def test_a_handler_must_be_callable() -> None:

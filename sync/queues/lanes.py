@@ -49,7 +49,7 @@ def served_queues(
     orphans = sorted(name for name, count in lanes.items() if count and name not in registered)
     if orphans:
         raise InvalidInput(
-            f"{source} gives lanes to {', '.join(orphans)} but this process registers no "
-            "handler for it; register one or remove it from the lanes"
+            f"{source} gives lanes to {', '.join(orphans)}, with no handler registered in this "
+            "process; register one, or take the queue out of the lanes"
         )
     return {name: count for name, count in lanes.items() if count > 0}

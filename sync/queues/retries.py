@@ -1,6 +1,6 @@
 """Pure decisions about a job after an attempt: complete it, retry it after a delay that doubles
-from the queue's base up to its ceiling (with jitter), or dead-letter it. No I/O here; both
-implementations of the port apply what these return."""
+from the queue's base up to its ceiling (with jitter), or dead-letter it. No I/O here; every
+implementation of the port applies what these return."""
 
 from __future__ import annotations
 
