@@ -1,0 +1,44 @@
+"""Application queues on the engine's workers: the port application modules depend on, queue
+declarations, the pure decisions (retry delays, a job's fate, cron ticks, lanes), and an
+in-memory implementation for unit tests. See docs/queues.md."""
+
+from sync.queues.clock import Clock, ManualClock, SystemClock
+from sync.queues.declarations import QueueSpec, queue_spec, read_queue_file
+from sync.queues.lanes import parse_lanes
+from sync.queues.memory import InMemoryQueues
+from sync.queues.models import (
+    AttemptOutcome,
+    Job,
+    JobAttempt,
+    JobStatus,
+    QueuePolicy,
+    QueueStats,
+    Redrive,
+    Schedule,
+)
+from sync.queues.port import Abort, DeadHook, Handler, JobRunner, JobSender, Queues
+
+__all__ = [
+    "Abort",
+    "AttemptOutcome",
+    "Clock",
+    "DeadHook",
+    "Handler",
+    "InMemoryQueues",
+    "Job",
+    "JobAttempt",
+    "JobRunner",
+    "JobSender",
+    "JobStatus",
+    "ManualClock",
+    "QueuePolicy",
+    "QueueSpec",
+    "QueueStats",
+    "Queues",
+    "Redrive",
+    "Schedule",
+    "SystemClock",
+    "parse_lanes",
+    "queue_spec",
+    "read_queue_file",
+]

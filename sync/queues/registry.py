@@ -1,0 +1,46 @@
+"""The handlers a process registered: one per queue, each with its optional ``on_dead`` hook."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from sync.errors import Conflict, InvalidInput
+from sync.queues.port import DeadHook, Handler
+
+
+@dataclass(frozen=True)
+class Registration:
+    queue: str
+    handler: Handler
+    on_dead: DeadHook | None
+
+
+class HandlerRegistry:
+    def __init__(self) -> None:
+        self._by_queue: dict[str, Registration] = {}
+        self._lock = threading.Lock()
+
+    def register(self, queue: str, handler: Handler, *, on_dead: DeadHook | None = None) -> None:
+        if not callable(handler) or (on_dead is not None and not callable(on_dead)):
+            raise InvalidInput(f"the handler and on_dead hook of queue {queue!r} must be callable")
+        with self._lock:
+            if queue in self._by_queue:
+                raise Conflict(
+                    f"queue {queue!r} already has a handler ({_name(self._by_queue[queue])}); "
+                    "a queue has one handler per process"
+                )
+            self._by_queue[queue] = Registration(queue, handler, on_dead)
+
+    def get(self, queue: str) -> Registration | None:
+        with self._lock:
+            return self._by_queue.get(queue)
+
+    def queues(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._by_queue)
+
+
+def _name(registration: Registration) -> str:
+    handler = registration.handler
+    return f"{getattr(handler, '__module__', '?')}.{getattr(handler, '__qualname__', handler)}"
