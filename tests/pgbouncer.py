@@ -77,9 +77,7 @@ class PgBouncer:
     @property
     def admin_url(self) -> str:
         """PgBouncer's console, which answers ``SHOW ...`` (simple query protocol only)."""
-        return conninfo.make_conninfo(
-            self.url, dbname="pgbouncer", user=self.user, password=""
-        )
+        return conninfo.make_conninfo(self.url, dbname="pgbouncer", user=self.user, password="")
 
     @property
     def log(self) -> str:
