@@ -47,6 +47,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="with --pgbouncer: startup parameters PgBouncer should drop instead of refusing "
         "the connection (its ignore_startup_parameters), e.g. options",
     )
+    group.addoption(
+        "--pgbouncer-pin-search-path",
+        action="store_true",
+        help="with --pgbouncer: each test's schema gets a PgBouncer database of its own that sets "
+        "search_path on its server connections, to see what breaks once the schema is found",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -62,11 +68,24 @@ def pytest_configure(config: pytest.Config) -> None:
     DIRECT_URL, DATABASE_URL = DATABASE_URL, bouncer.url
     os.environ["CONNECTOR_SYNC_TEST_DIRECT_URL"] = DIRECT_URL
     os.environ["DATABASE_URL"] = DATABASE_URL
+    if config.getoption("pgbouncer_pin_search_path"):
+        os.environ["CONNECTOR_SYNC_TEST_PGBOUNCER_CONFIG"] = str(bouncer.config)
+
+
+def database_url(schema: str) -> str:
+    """The URL a test's engine uses: DATABASE_URL, or with --pgbouncer-pin-search-path the
+    PgBouncer database pinned to the test's schema."""
+    pinned = os.environ.get("CONNECTOR_SYNC_TEST_PGBOUNCER_CONFIG")
+    if not pinned:
+        return DATABASE_URL
+    from tests.pgbouncer import pin_search_path
+
+    return pin_search_path(Path(pinned), DATABASE_URL, schema)
 
 
 def make_settings(schema: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
-        "database_url": DATABASE_URL,
+        "database_url": database_url(schema),
         "schema_name": schema,
         "backoff_seconds": (5.0, 30.0, 120.0),
     }

@@ -15,6 +15,7 @@ not track (``options`` among them) unless ``ignore_startup_parameters`` names th
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -54,6 +55,7 @@ class PgBouncer:
         *,
         pool_mode: str = "transaction",
         pool_size: int = 20,
+        max_server_connections: int = 40,
         ignore_startup_parameters: tuple[str, ...] = (),
     ) -> None:
         params = conninfo.conninfo_to_dict(upstream)
@@ -66,6 +68,7 @@ class PgBouncer:
         self._upstream_port = int(params.get("port") or 5432)
         self._pool_mode = pool_mode
         self._pool_size = pool_size
+        self._max_server = max_server_connections
         self._ignore = ignore_startup_parameters
         self._dir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -78,6 +81,12 @@ class PgBouncer:
     def admin_url(self) -> str:
         """PgBouncer's console, which answers ``SHOW ...`` (simple query protocol only)."""
         return conninfo.make_conninfo(self.url, dbname="pgbouncer", user=self.user, password="")
+
+    @property
+    def config(self) -> Path:
+        if self._dir is None:
+            raise PgBouncerError("PgBouncer is not running")
+        return self._dir / "pgbouncer.ini"
 
     @property
     def log(self) -> str:
@@ -102,6 +111,10 @@ class PgBouncer:
             f"pidfile = {self._dir / 'pgbouncer.pid'}",
             f"pool_mode = {self._pool_mode}",
             f"default_pool_size = {self._pool_size}",
+            # The server may be shared: however many pools there are, this user's server
+            # connections stay under a cap, and idle ones are closed soon to make room.
+            f"max_user_connections = {self._max_server}",
+            "server_idle_timeout = 5",
             "max_client_conn = 2000",
             # The local server trusts loopback; users not in the file are looked up on it.
             "auth_type = trust",
@@ -182,3 +195,36 @@ class PgBouncer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def pin_search_path(config: Path, url: str, schema: str) -> str:
+    """Give ``schema`` a PgBouncer database of its own, named after it, whose server connections
+    are opened with ``SET search_path`` to it (``connect_query``), and return its URL (``url``,
+    PgBouncer's, with that database name). This is how an operator can pin one installation's
+    schema behind PgBouncer without session state: no server connection serves two such
+    databases.
+
+    Any process may call it (xdist workers do): the file is rewritten under a lock and the
+    running PgBouncer reloads it."""
+    if not schema.replace("_", "").isalnum():
+        raise PgBouncerError(f"not a plain schema name: {schema!r}")
+    database = conninfo.conninfo_to_dict(url).get("dbname")
+    with config.open("r+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        lines = handle.read().splitlines()
+        if not any(line.startswith(f"{schema} = ") for line in lines):
+            star = next(i for i, line in enumerate(lines) if line.startswith("* = "))
+            upstream = lines[star].removeprefix("* = ")
+            lines.insert(
+                star,
+                f"{schema} = {upstream} dbname={database} "
+                f"connect_query='SET search_path = {schema}'",
+            )
+            handle.seek(0)
+            handle.truncate()
+            handle.write("\n".join(lines) + "\n")
+            handle.flush()
+            admin = conninfo.make_conninfo(url, dbname="pgbouncer")
+            with psycopg.connect(admin, autocommit=True) as console:
+                console.execute("RELOAD")
+    return conninfo.make_conninfo(url, dbname=schema)
