@@ -109,6 +109,9 @@ class PgBouncer:
             "unix_socket_dir =",
             f"logfile = {self._dir / 'pgbouncer.log'}",
             f"pidfile = {self._dir / 'pgbouncer.pid'}",
+            # Errors and warnings only, not a line per connection.
+            "log_connections = 0",
+            "log_disconnections = 0",
             f"pool_mode = {self._pool_mode}",
             f"default_pool_size = {self._pool_size}",
             # The server may be shared: however many pools there are, this user's server
@@ -143,9 +146,12 @@ class PgBouncer:
             for path in self._dir.iterdir():
                 shutil.chown(path, "postgres")
             command = [exe, "-u", "postgres", str(config)]
-        self._process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-        )
+        # Its log also goes to stderr, which must not be a pipe nobody reads: once the pipe's
+        # buffer is full, PgBouncer blocks on the write and stops serving every client.
+        with (self._dir / "stderr.log").open("wb") as stderr:
+            self._process = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
+            )
         self._wait_ready()
         return self
 
@@ -154,9 +160,9 @@ class PgBouncer:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                err = self._process.stderr.read().decode() if self._process.stderr else ""
+                said = (self._dir / "stderr.log").read_text(errors="replace").strip().splitlines()
                 self.stop()
-                raise PgBouncerError(f"pgbouncer exited at start: {err.strip() or self.log}")
+                raise PgBouncerError(f"pgbouncer exited at start: {said[-1] if said else '?'}")
             try:
                 with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=2) as conn:
                     conn.execute("SHOW VERSION")
@@ -176,8 +182,6 @@ class PgBouncer:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        if process is not None and process.stderr is not None:
-            process.stderr.close()
         if self._dir is not None:
             if keep_log is not None:
                 keep_log.parent.mkdir(parents=True, exist_ok=True)
