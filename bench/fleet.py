@@ -582,7 +582,7 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,4,8,16,32", help="worker counts (1,2,...,32)")
     parser.add_argument("--job-ms", type=float, default=20.0, help="each run's wait (20 ms)")
     parser.add_argument("--load", type=float, default=0.5, help="load phase, x drain rate (0.5)")
-    parser.add_argument("--samples", type=int, help="runs in each load phase (150; quick 100)")
+    parser.add_argument("--samples", type=int, help="runs in each load phase (400; quick 150)")
     parser.add_argument("--no-bare", action="store_true", help="skip the bare SQL loop")
     parser.add_argument(
         "--shared-server", action="store_true", help="use DATABASE_URL, not a private Postgres"
@@ -596,7 +596,7 @@ def main() -> None:
         return
     json_mode(args)
     counts = [int(n) for n in args.workers.split(",")]
-    samples = args.samples or (100 if args.quick else 300)
+    samples = args.samples or (150 if args.quick else 400)
     per_mix = max(max(backlog_size(n, args.quick) for n in counts), samples)
     points: list[Point] = []
 
@@ -638,7 +638,8 @@ def main() -> None:
         args,
         [_json(p) for p in points],
         machine=machine,
-        bends={mix: bend(points, mix) for mix in [m.name for m in MIXES] + ["-"]},
+        bends={_what(mix): bend(points, mix) for mix in [m.name for m in MIXES] + ["-"]},
+        cpu_ceilings={m.name: cpu_ceiling(points, m.name) for m in MIXES},
     )
 
 
@@ -779,15 +780,31 @@ def report(points: list[Point], args: argparse.Namespace) -> None:
     )
     for mix in [m.name for m in MIXES] + ["-"]:
         knee = bend(points, mix)
-        what = "bare SQL loop" if mix == "-" else mix
-        console.print(
-            f"{what}: "
-            + (
-                f"doubling to {knee} workers gave < 1.5x"
-                if knee
-                else "no bend up to the largest count"
-            )
+        line = f"{_what(mix)}: " + (
+            f"doubling to {knee} workers gave < 1.5x" if knee else "no bend up to the largest count"
         )
+        if ceiling := cpu_ceiling(points, mix):
+            line += (
+                f"; CPU per run with {ceiling['workers']:.0f} workers "
+                f"{ceiling['cpu_ms_per_run']:.2f} ms (workers and Postgres): at most "
+                f"{ceiling['runs_per_s_per_core']:,.0f} runs/s per core"
+            )
+        console.print(line)
+
+
+def _what(mix: str) -> str:
+    return "bare SQL loop" if mix == "-" else mix
+
+
+def cpu_ceiling(points: list[Point], mix: str) -> dict[str, float] | None:
+    """What the CPU a run costs allows per core (a model for more cores: the drain cannot go
+    faster than cores x this), from the drain with the most workers."""
+    measured = [p for p in points if p.mix == mix and not p.error and p.drain.postgres_cpu_s]
+    if not measured:
+        return None
+    p = max(measured, key=lambda q: q.workers)
+    cpu_ms = 1000 * (p.drain.worker_cpu_s + (p.drain.postgres_cpu_s or 0)) / p.drain.runs
+    return {"workers": p.workers, "cpu_ms_per_run": cpu_ms, "runs_per_s_per_core": 1000 / cpu_ms}
 
 
 def _json(p: Point) -> dict[str, Any]:
