@@ -23,9 +23,9 @@ For each number of workers and each mix, two phases:
    clock minus the enqueue's transaction start, before its commit; one clock).
 
 While each phase runs, a sampler reads ``pg_stat_activity`` (what active backends wait on) and
-``pg_locks`` (ungranted locks) every 10 ms. Transactions per run come from ``pg_stat_database``;
-CPU per run of the workers and of every Postgres process from ``/proc``; statement calls from
-``pg_stat_statements``. The reference beside ours: the bare claim-then-finish SQL loop (one
+``pg_locks`` (which locks are waited for) every 10 ms. The workers' statements per run, and the
+claims that found nothing, come from ``pg_stat_statements``; CPU per run of the workers and of
+every Postgres process from ``/proc``. The reference beside ours: the bare claim-then-finish SQL loop (one
 ``UPDATE ... (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING`` and one finish ``UPDATE``, with the
 same wait between them) from as many processes, on a minimal table.
 
@@ -114,8 +114,8 @@ class Phase:
     worker_cpu_s: float = 0.0
     postgres_cpu_s: float | None = None
     waits: Counter[str] = field(default_factory=Counter)  # active-backend samples by wait event
+    locks: Counter[str] = field(default_factory=Counter)  # ungranted locks, summed over samples
     samples: int = 0
-    ungranted_locks: int = 0  # summed over samples
     # The workers' statements by name (pg_stat_statements): calls, rows, total_ms.
     statements: dict[str, dict[str, float]] = field(default_factory=dict)
 
@@ -240,7 +240,13 @@ class Sampler(threading.Thread):
     nothing) and the number of locks not granted."""
 
     QUERY = """
-        SELECT (SELECT count(*) FROM pg_locks WHERE NOT granted),
+        SELECT coalesce((SELECT jsonb_object_agg(what, n) FROM (
+                   -- NOTIFY's commit-order lock: "database 0" in pg_database, held by every
+                   -- notifying transaction until its commit is flushed.
+                   SELECT CASE WHEN locktype = 'object' AND classid = 'pg_database'::regclass
+                                    AND database = 0 AND objid = 0 THEN 'NOTIFY commit lock'
+                               ELSE locktype || ' ' || mode END AS what, count(*) AS n
+                     FROM pg_locks WHERE NOT granted GROUP BY 1) l), '{}'),
                coalesce((SELECT jsonb_object_agg(what, n) FROM (
                    SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') AS what,
                           count(*) AS n
@@ -254,8 +260,8 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.conn = connect(url)
         self.waits: Counter[str] = Counter()
+        self.locks: Counter[str] = Counter()
         self.samples = 0
-        self.ungranted = 0
         self._stopping = threading.Event()
 
     def run(self) -> None:
@@ -263,14 +269,14 @@ class Sampler(threading.Thread):
             row = self.conn.execute(self.QUERY).fetchone()
             assert row is not None
             self.samples += 1
-            self.ungranted += int(row[0])
+            self.locks.update(row[0])
             self.waits.update(row[1])
 
     def stop(self, phase: Phase) -> None:
         self._stopping.set()
         self.join()
         self.conn.close()
-        phase.waits, phase.samples, phase.ungranted_locks = self.waits, self.samples, self.ungranted
+        phase.waits, phase.locks, phase.samples = self.waits, self.locks, self.samples
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -691,6 +697,13 @@ def _per_run(value: float | None, phase: Phase) -> float:
     return float("nan") if per is None else per
 
 
+def _top(locks: Counter[str], samples: int, k: int = 2) -> str:
+    """The locks most waited for, as the mean number of waiters per sample."""
+    if not samples:
+        return ""
+    return ", ".join(f"{what} {n / samples:.2f}" for what, n in locks.most_common(k)) or "none"
+
+
 def _top_waits(phase: Phase, k: int = 3) -> str:
     total = sum(phase.waits.values())
     if not total:
@@ -741,10 +754,7 @@ def report(points: list[Point], args: argparse.Namespace) -> None:
                     _fmt(p.load.per_run(p.load.empty_claims), ".2f"),
                     _fmt(_ms(p.drain.per_run(p.drain.worker_cpu_s or None)), ".2f"),
                     _fmt(_ms(p.drain.per_run(p.drain.postgres_cpu_s)), ".2f"),
-                    _fmt(
-                        p.drain.ungranted_locks / p.drain.samples if p.drain.samples else None,
-                        ".2f",
-                    ),
+                    _top(p.drain.locks, p.drain.samples),
                     _top_waits(p.drain),
                 ]
             )
@@ -773,7 +783,7 @@ def report(points: list[Point], args: argparse.Namespace) -> None:
             "empty claims (load)",
             "worker CPU ms",
             "Postgres CPU ms",
-            "locks waited on",
+            Column("waiting for a lock (mean waiters)", "left"),
             Column("active backends wait on", "left"),
         ],
         causes,
@@ -822,7 +832,7 @@ def _json(p: Point) -> dict[str, Any]:
             "postgres_cpu_ms_per_run": _ms(ph.per_run(ph.postgres_cpu_s)),
             "wait_samples": dict(ph.waits.most_common()),
             "samples": ph.samples,
-            "ungranted_locks_per_sample": ph.ungranted_locks / ph.samples if ph.samples else None,
+            "ungranted_lock_samples": dict(ph.locks.most_common()),
             "statements": ph.statements,
         }
 
