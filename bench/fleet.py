@@ -25,9 +25,11 @@ For each number of workers and each mix, two phases:
 While each phase runs, a sampler reads ``pg_stat_activity`` (what active backends wait on) and
 ``pg_locks`` (which locks are waited for) every 10 ms. The workers' statements per run, and the
 claims that found nothing, come from ``pg_stat_statements``; CPU per run of the workers and of
-every Postgres process from ``/proc``. The reference beside ours: the bare claim-then-finish SQL loop (one
-``UPDATE ... (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING`` and one finish ``UPDATE``, with the
-same wait between them) from as many processes, on a minimal table.
+every Postgres process from ``/proc``.
+
+The reference beside ours: the bare claim-then-finish SQL loop (one ``UPDATE ... (SELECT ...
+FOR UPDATE SKIP LOCKED) RETURNING`` and one finish ``UPDATE``, with the same wait between them)
+from as many processes, on a minimal table, measured the same way.
 
 By default it starts a private Postgres (same binaries and defaults as the system's, with
 ``max_connections = 400`` and ``pg_stat_statements`` preloaded) on a free local port, because 32
@@ -493,6 +495,7 @@ def bare_child(url: str, job_ms: float) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         print("READY", flush=True)
         sys.stdin.readline()
+        cpu = time.process_time()
         count, first, last = 0, 0.0, 0.0
         while True:
             row = conn.execute(BARE_CLAIM).fetchone()
@@ -504,10 +507,13 @@ def bare_child(url: str, job_ms: float) -> None:
                 time.sleep(job_ms / 1000)
             conn.execute(BARE_FINISH, (row[0],))
             count, last = count + 1, time.time()
-    print(json.dumps({"count": count, "first": first, "last": last}), flush=True)
+    cpu = time.process_time() - cpu
+    print(json.dumps({"count": count, "first": first, "last": last, "cpu_s": cpu}), flush=True)
 
 
-def bare(url: str, workers: int, runs: int, job_ms: float, point: Point) -> None:
+def bare(
+    url: str, workers: int, runs: int, job_ms: float, point: Point, postmaster: int | None
+) -> None:
     with connect(url) as conn:
         conn.execute("TRUNCATE public.bare_jobs")
         conn.execute(
@@ -536,19 +542,22 @@ def bare(url: str, workers: int, runs: int, job_ms: float, point: Point) -> None
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "READY":
             raise RuntimeError("a bare client did not start")
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
     outs = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=120 + runs * job_ms / 1000)
-        outs.append(json.loads(out.strip().splitlines()[-1]))
+    # The clients report their own CPU: they have exited when the phase's CPU is read.
+    with observed(url, point.drain, Cpu([], postmaster)):
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        for proc in procs:
+            out, _ = proc.communicate(timeout=120 + runs * job_ms / 1000)
+            outs.append(json.loads(out.strip().splitlines()[-1]))
     done = [o for o in outs if o["count"]]
     count = sum(o["count"] for o in outs)
     if count != runs:
         raise RuntimeError(f"the bare loop finished {count} of {runs}")
     point.drain.runs = count
+    point.drain.worker_cpu_s = sum(o["cpu_s"] for o in outs)
     point.drain.seconds = max(o["last"] for o in done) - min(o["first"] for o in done)
     point.drain.rate = count / point.drain.seconds
 
@@ -630,7 +639,7 @@ def main() -> None:
                 if not args.no_bare:
                     point = Point("bare SQL loop", "-", n)
                     try:
-                        bare(url, n, backlog_size(n, args.quick), args.job_ms, point)
+                        bare(url, n, backlog_size(n, args.quick), args.job_ms, point, postmaster)
                     except Exception as exc:
                         point.error = str(exc).splitlines()[0][:120]
                     points.append(point)
@@ -744,20 +753,19 @@ def report(points: list[Point], args: argparse.Namespace) -> None:
                 f"{percentile(lat, 95):.1f}" if lat else "",
             ]
         )
-        if p.system == "connector-sync":
-            causes.append(
-                [
-                    p.mix,
-                    p.workers,
-                    _fmt(p.drain.per_run(p.drain.calls), ".1f"),
-                    _fmt(p.drain.per_run(p.drain.empty_claims), ".2f"),
-                    _fmt(p.load.per_run(p.load.empty_claims), ".2f"),
-                    _fmt(_ms(p.drain.per_run(p.drain.worker_cpu_s or None)), ".2f"),
-                    _fmt(_ms(p.drain.per_run(p.drain.postgres_cpu_s)), ".2f"),
-                    _top(p.drain.locks, p.drain.samples),
-                    _top_waits(p.drain),
-                ]
-            )
+        causes.append(
+            [
+                p.system if p.mix == "-" else p.mix,
+                p.workers,
+                _fmt(p.drain.per_run(p.drain.calls), ".1f"),
+                _fmt(p.drain.per_run(p.drain.empty_claims), ".2f"),
+                _fmt(p.load.per_run(p.load.empty_claims), ".2f"),
+                _fmt(_ms(p.drain.per_run(p.drain.worker_cpu_s or None)), ".2f"),
+                _fmt(_ms(p.drain.per_run(p.drain.postgres_cpu_s)), ".2f"),
+                _top(p.drain.locks, p.drain.samples),
+                _top_waits(p.drain),
+            ]
+        )
     print_table(
         f"Workers against one Postgres: runs that wait {args.job_ms:g} ms; drain rate of a "
         f"backlog, enqueue-to-start at {args.load:g} x that rate",
@@ -781,7 +789,7 @@ def report(points: list[Point], args: argparse.Namespace) -> None:
             "statements",
             "empty claims",
             "empty claims (load)",
-            "worker CPU ms",
+            "worker CPU ms (bare: client)",
             "Postgres CPU ms",
             Column("waiting for a lock (mean waiters)", "left"),
             Column("active backends wait on", "left"),
