@@ -60,7 +60,7 @@ from typing import Any
 
 import psycopg
 
-from bench.claim import BARE_FORMS, BARE_TABLE
+from bench.claim import BARE_FORMS, BARE_TABLE, _normal, _query_names
 from bench.common import (
     Column,
     PrivatePostgres,
@@ -117,6 +117,7 @@ class Phase:
     postgres_cpu_s: float | None = None
     waits: Counter[str] = field(default_factory=Counter)  # active-backend samples by wait event
     locks: Counter[str] = field(default_factory=Counter)  # ungranted locks, summed over samples
+    lock_waiters: Counter[str] = field(default_factory=Counter)  # "event in statement"
     samples: int = 0
     # The workers' statements by name (pg_stat_statements): calls, rows, total_ms.
     statements: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -218,8 +219,6 @@ def reset_statements(conn: psycopg.Connection[Any]) -> bool:
 def read_statements(conn: psycopg.Connection[Any]) -> dict[str, dict[str, float]]:
     """The engine's named statements that ran in this database since the reset: calls, rows
     and total execution time, by name (the benchmark's own queries left out)."""
-    from bench.claim import _normal, _query_names
-
     names = _query_names()
     rows = conn.execute(
         "SELECT query, calls, rows, total_exec_time FROM pg_stat_statements "
@@ -255,7 +254,10 @@ class Sampler(threading.Thread):
                      FROM pg_stat_activity
                     WHERE datname = current_database() AND state = 'active'
                       AND pid <> pg_backend_pid()
-                    GROUP BY 1) w), '{}')
+                    GROUP BY 1) w), '{}'),
+               -- Who waits for a heavyweight lock: the statement, to be named below.
+               ARRAY(SELECT wait_event || ' ' || query FROM pg_stat_activity
+                      WHERE datname = current_database() AND wait_event_type = 'Lock')
     """
 
     def __init__(self, url: str) -> None:
@@ -263,6 +265,8 @@ class Sampler(threading.Thread):
         self.conn = connect(url)
         self.waits: Counter[str] = Counter()
         self.locks: Counter[str] = Counter()
+        self.waiters: Counter[str] = Counter()  # which statement waits for which lock
+        self.names = _query_names()
         self.samples = 0
         self._stopping = threading.Event()
 
@@ -273,12 +277,17 @@ class Sampler(threading.Thread):
             self.samples += 1
             self.locks.update(row[0])
             self.waits.update(row[1])
+            for waiter in row[2]:
+                event, _, query = waiter.partition(" ")
+                name = self.names.get(_normal(query), " ".join(query.split())[:40])
+                self.waiters[f"{event} in {name}"] += 1
 
     def stop(self, phase: Phase) -> None:
         self._stopping.set()
         self.join()
         self.conn.close()
         phase.waits, phase.locks, phase.samples = self.waits, self.locks, self.samples
+        phase.lock_waiters = self.waiters
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -507,8 +516,10 @@ def bare_child(url: str, job_ms: float) -> None:
                 time.sleep(job_ms / 1000)
             conn.execute(BARE_FINISH, (row[0],))
             count, last = count + 1, time.time()
-    cpu = time.process_time() - cpu
-    print(json.dumps({"count": count, "first": first, "last": last, "cpu_s": cpu}), flush=True)
+        cpu = time.process_time() - cpu
+        print(json.dumps({"count": count, "first": first, "last": last, "cpu_s": cpu}), flush=True)
+        # Keep the session (its backend's CPU is read) until the parent has measured.
+        sys.stdin.readline()
 
 
 def bare(
@@ -550,8 +561,10 @@ def bare(
             proc.stdin.write("go\n")
             proc.stdin.flush()
         for proc in procs:
-            out, _ = proc.communicate(timeout=120 + runs * job_ms / 1000)
-            outs.append(json.loads(out.strip().splitlines()[-1]))
+            assert proc.stdout is not None
+            outs.append(json.loads(proc.stdout.readline()))
+    for proc in procs:
+        proc.communicate("done\n", timeout=60)
     done = [o for o in outs if o["count"]]
     count = sum(o["count"] for o in outs)
     if count != runs:
@@ -841,6 +854,7 @@ def _json(p: Point) -> dict[str, Any]:
             "wait_samples": dict(ph.waits.most_common()),
             "samples": ph.samples,
             "ungranted_lock_samples": dict(ph.locks.most_common()),
+            "lock_waiter_samples": dict(ph.lock_waiters.most_common()),
             "statements": ph.statements,
         }
 
