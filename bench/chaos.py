@@ -11,7 +11,9 @@ its own and started again, as a supervisor would, if it exits. While they work, 
 injector, at random: SIGKILLs a worker and starts a new one; SIGSTOPs a worker past its lease
 and later SIGCONTs it; restarts Postgres (once in short mode, three times in long mode); cuts
 a worker off from Postgres for longer than a lease, then lets it reconnect; cancels runs and
-deletes connections mid-sync. Then the faults stop, every
+deletes connections mid-sync. Restarts alternate a crash (immediate shutdown, which empties the
+unlogged seen-keys table) and a clean stop. Tables are read in pages of a few rows, so the
+faults land mid-table and later attempts resume them. Then the faults stop, every
 connection gets a last clean sync, and the run checks and prints what must be zero. Exit
 status 1 if any of it is not.
 """
@@ -34,6 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 from cryptography.fernet import Fernet
@@ -102,12 +105,21 @@ CHECKS = {
             OR EXISTS (SELECT 1 FROM run_attempts b
                         WHERE b.run_id = a.run_id AND b.id > a.id AND w.at >= b.started_at)""",
     "provider-limiter violations": """
-        SELECT count(*) FROM run_attempts a JOIN connection_runs ra ON ra.id = a.run_id
-          JOIN run_attempts b ON b.id > a.id
-          JOIN connection_runs rb ON rb.id = b.run_id AND rb.workspace_id = ra.workspace_id
-         WHERE (ra.kind = 'purge' OR rb.kind = 'purge' OR ra.provider = rb.provider)
-           AND a.started_at < coalesce(b.finished_at, now())
-           AND b.started_at < coalesce(a.finished_at, now())""",
+        WITH held AS (
+            -- While an attempt held its run: a lost attempt (its worker died or froze) held it
+            -- until its lease ran out, not until the claim that took the run over, which may
+            -- come much later (the lane busy, the run's rate budget blocked).
+            SELECT a.id, r.workspace_id, r.kind, r.provider, a.started_at,
+                   CASE WHEN a.outcome = 'lost'
+                        THEN least(a.finished_at,
+                                   coalesce(a.lease_expires_at, a.started_at + %(lease)s))
+                        ELSE coalesce(a.finished_at, now()) END AS ended_at
+              FROM run_attempts a JOIN connection_runs r ON r.id = a.run_id
+        )
+        SELECT count(*) FROM held a
+          JOIN held b ON b.id > a.id AND b.workspace_id = a.workspace_id
+         WHERE (a.kind = 'purge' OR b.kind = 'purge' OR a.provider = b.provider)
+           AND a.started_at < b.ended_at AND b.started_at < a.ended_at""",
 }
 
 FIGURES = {
@@ -121,6 +133,8 @@ FIGURES = {
         SELECT count(*) FROM run_attempts WHERE outcome = 'lost'""",
     "attempts handed back at shutdown": """
         SELECT count(*) FROM run_attempts WHERE outcome = 'handed_back'""",
+    "waits for a rate limit (no attempt spent)": """
+        SELECT count(*) FROM run_attempts WHERE outcome = 'rate_limited'""",
     "records written (audited writes)": "SELECT count(*) FROM chaos_audit",
     "purges succeeded": """
         SELECT count(*) FROM connection_runs WHERE kind = 'purge' AND status = 'succeeded'""",
@@ -300,6 +314,7 @@ class Chaos:
         self.simulation = Simulation()
         self.stop_server: Callable[[], None] = lambda: None
         self.last_restart = -float("inf")
+        self.faults_began = 0.0
         self.timers: list[threading.Timer] = []
 
     # -- setup -----------------------------------------------------------------------------
@@ -331,7 +346,11 @@ class Chaos:
             conn.execute(AUDIT)
         for t in range(self.plan.tenants):
             tenant = self.simulation.add_tenant(f"t{t}", size=30, seed=t, page_delay=0.01)
-            tenant.configure(rate_limit_every=17, unavailable_every=23, retry_after=1.0)
+            # Half the tenants ask for waits longer than a run sleeps inline: those runs wait
+            # in the queue, spending no attempt.
+            tenant.configure(
+                rate_limit_every=17, unavailable_every=23, retry_after=1.0 if t % 2 else 3.0
+            )
         url, self.stop_server = start_server(self.simulation)
         workspaces = [engine.create_workspace(f"ws{w}") for w in range(self.plan.workspaces)]
         for c in range(self.plan.connections):
@@ -340,7 +359,7 @@ class Chaos:
                 workspaces[c % len(workspaces)].id,
                 f"c{c}",
                 "simulated" if c % 2 == 0 else "simulated_crm",
-                config={"base_url": url, "tenant": tenant, "page_size": 10},
+                config={"base_url": url, "tenant": tenant, "page_size": 5},
                 credentials={"token": f"sim-{tenant}"},
                 schedule_every=self.random.uniform(3, 8),
             )
@@ -349,7 +368,8 @@ class Chaos:
     # -- faults ----------------------------------------------------------------------------
 
     def inject(self, engine: Engine, fleet: Fleet) -> None:
-        deadline = time.monotonic() + self.plan.duration
+        self.faults_began = time.monotonic()
+        deadline = self.faults_began + self.plan.duration
         next_advance = time.monotonic()
         while time.monotonic() < deadline:
             self.respawned += fleet.supervise()
@@ -396,8 +416,14 @@ class Chaos:
                 return
             if time.monotonic() - self.last_restart < self.plan.duration / 6:
                 return
+            # Not in the first fifth either: by then most connections resync (rows unchanged,
+            # keys in run_seen_keys) rather than write their first rows, so a crash has seen
+            # keys to lose.
+            if time.monotonic() - self.faults_began < self.plan.duration / 5:
+                return
             self.last_restart = time.monotonic()
-            self.postgres.restart()
+            # The first restart is a crash (immediate shutdown), the next a clean one, in turn.
+            self.postgres.restart("immediate" if self.fired[kind] % 2 == 0 else "fast")
         elif kind == "cancel":
             running = engine.runs(status="running", limit=200)
             syncs = [r for r in running if r.kind == "sync"]
@@ -493,11 +519,22 @@ class Chaos:
             ).fetchone()
         return int(row["n"]) if row else -1
 
+    def logged(self, line: str) -> int:
+        """How often the workers' logs say ``line``: a table an attempt took up where an
+        earlier one left it, a table read again because its seen keys were lost."""
+        return sum(
+            log.read_text(errors="replace").count(line) for log in self.root.glob("worker-*.log")
+        )
+
     def report(self, engine: Engine, out: Console) -> dict[str, object]:
         """Print the faults and the reckoning; return them (``ok``: every zero is zero)."""
         with engine.pool.connection() as conn:
             figures = {name: conn.execute(sql).fetchone() for name, sql in FIGURES.items()}
-            checks = {name: conn.execute(sql).fetchone() for name, sql in CHECKS.items()}
+            lease = {"lease": timedelta(seconds=self.plan.lease)}
+            checks = {
+                name: conn.execute(sql, lease if "%(lease)s" in sql else None).fetchone()
+                for name, sql in CHECKS.items()
+            }
         values = {n: int(next(iter(r.values()))) for n, r in checks.items() if r}
         differ = self.differing_connections(engine)
         values["connections whose records differ from the provider"] = len(differ)
@@ -514,6 +551,10 @@ class Chaos:
         for name, row in figures.items():
             summary.add_row(name, str(next(iter(row.values())) if row else "?"), "")
         summary.add_row("workers that exited and were started again", str(self.respawned), "")
+        resumed = self.logged("where an earlier attempt left it")
+        summary.add_row("tables resumed mid-way by a later attempt", str(resumed), "")
+        lost = self.logged("unlogged run_seen_keys): reading the table again")
+        summary.add_row("tables read again after a crash emptied their seen keys", str(lost), "")
         ok = True
         for name, value in values.items():
             good = value == 0

@@ -362,10 +362,12 @@ class PrivatePostgres:
     def start(self) -> None:
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "pg.log"), "-w", "start")
 
-    def restart(self) -> None:
+    def restart(self, mode: str = "fast") -> None:
+        """Stop and start again. ``fast`` is a clean shutdown; ``immediate`` is a crash: the
+        restart runs crash recovery, which empties every unlogged table (run_seen_keys)."""
         # Not `pg_ctl restart`: it would start the new postmaster without a log file, holding
         # our captured stdout open forever.
-        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
         self.start()
 
     def stop(self) -> None:

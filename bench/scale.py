@@ -131,7 +131,7 @@ BASE_BACK = "UPDATE connection_runs SET queued_at = queued_at - interval '1 hour
 def claim_latencies(url: str, claims: int, *, expect_run: bool = True) -> list[float]:
     from sync.queries import QUERIES
 
-    params = {"worker_id": "bench-scale", "lease": timedelta(seconds=120)}
+    params = {"worker_id": "bench-scale", "lease": timedelta(seconds=120), "providers": None}
     timings = []
     with connect(url) as conn:
         for _ in range(claims):
@@ -171,7 +171,11 @@ def claim_plans(url: str) -> list[dict[str, Any]]:
             with conn.transaction(force_rollback=True):
                 conn.execute(
                     QUERIES.claim_run,
-                    {"worker_id": "bench-scale", "lease": timedelta(seconds=120)},
+                    {
+                        "worker_id": "bench-scale",
+                        "lease": timedelta(seconds=120),
+                        "providers": None,
+                    },
                 ).fetchone()
     return [json.loads(m[m.index("{") :]) for m in notices if "{" in m]
 
@@ -303,10 +307,10 @@ def main() -> None:
                 # was declared before ROWS 1, when the outer join to connections was planned for
                 # the 1,000 rows a set-returning function is assumed to return.
                 with connect(url) as conn:
-                    conn.execute("ALTER FUNCTION claim_run(text, interval) ROWS 1000")
+                    conn.execute("ALTER FUNCTION claim_run(text, interval, text[]) ROWS 1000")
                 measure("  the same, claim_run() at ROWS 1000 (before 0f8ce44)", have)
                 with connect(url) as conn:
-                    conn.execute("ALTER FUNCTION claim_run(text, interval) ROWS 1")
+                    conn.execute("ALTER FUNCTION claim_run(text, interval, text[]) ROWS 1")
                 with connect(url) as conn:
                     exec_all(conn, NOT_DUE_UNDO)
                 for count in blocked_sizes:

@@ -1,8 +1,25 @@
 """The connector SDK: what a provider plugin is made of. It never imports the engine (`sync`)."""
 
 from connectors.auth import ApiKey, Auth, BearerToken, OAuth2
-from connectors.base import Checkpoint, Connector, Deleted, Item, Mode, NoConfig, Resync, Table
-from connectors.context import ConnectorContext
+from connectors.base import (
+    DAILY,
+    Checkpoint,
+    Connector,
+    Deleted,
+    Item,
+    Mode,
+    NoConfig,
+    Position,
+    Resync,
+    Table,
+    Total,
+)
+from connectors.context import ConnectorContext, RequestContext
+from connectors.credentials import (
+    OAuth2ClientCredentials,
+    OAuth2RefreshCredentials,
+    TokenCredentials,
+)
 from connectors.errors import (
     Aborted,
     AuthError,
@@ -14,13 +31,16 @@ from connectors.errors import (
 from connectors.http import HttpClient
 from connectors.paging import (
     cursor_pages,
+    last_page,
     link_header_pages,
+    next_link,
     next_link_pages,
     page_number_pages,
 )
 from connectors.registry import DuplicateProvider, UnknownProvider, get, providers, register
 
 __all__ = [
+    "DAILY",
     "Aborted",
     "ApiKey",
     "Auth",
@@ -37,15 +57,23 @@ __all__ = [
     "Mode",
     "NoConfig",
     "OAuth2",
+    "OAuth2ClientCredentials",
+    "OAuth2RefreshCredentials",
     "PermanentError",
+    "Position",
     "RateLimited",
+    "RequestContext",
     "Resync",
     "RetryableError",
     "Table",
+    "TokenCredentials",
+    "Total",
     "UnknownProvider",
     "cursor_pages",
     "get",
+    "last_page",
     "link_header_pages",
+    "next_link",
     "next_link_pages",
     "page_number_pages",
     "providers",

@@ -3,6 +3,13 @@
 OAuth2 refreshes go through ``context.refresh_credentials``: the engine runs the refresh under a
 per-connection database lock and saves the new tokens, encrypted, in a fenced write, so two runs
 never spend one single-use refresh token and a rotated token is never lost.
+
+The token endpoint is a provider like any other. A 429 or 503 from it is a rate limit (its
+Retry-After wins) and a 5xx or a network error is retryable: neither says anything about the
+credentials. Only a refusal of the grant or of the client (``invalid_grant``,
+``invalid_client``, ``unauthorized_client``) means they must be given again, and disconnects the
+connection. An access token the API refused (a 401) is marked unusable before the refresh, so
+that if the refresh fails the next attempt refreshes first instead of sending it again.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import httpx
@@ -23,10 +31,15 @@ with warnings.catch_warnings():
     from authlib.integrations.httpx_client import OAuth2Client
 
 from connectors.context import ConnectorContext
-from connectors.errors import AuthError, RetryableError
+from connectors.errors import AuthError, PermanentError, RateLimited, RetryableError
+from connectors.http_policy import parse_retry_after
 
 # Refresh a token this long before it expires, so it never expires mid-request.
 EXPIRY_SKEW = 60.0
+
+# OAuth 2.0 error codes (RFC 6749 section 5.2) that refuse the grant or the client: only these
+# mean the credentials must be given again.
+REFUSALS = frozenset({"invalid_grant", "invalid_client", "unauthorized_client"})
 
 
 class Auth:
@@ -38,6 +51,9 @@ class Auth:
     def refresh(self) -> bool:
         """Get fresh credentials; False if this kind of credential cannot be refreshed."""
         return False
+
+    def refused(self) -> None:
+        """The provider refused the credentials last applied (a 401): never apply them again."""
 
 
 class BearerToken(Auth):
@@ -99,6 +115,19 @@ class OAuth2(Auth):
             self.refresh()
         headers["Authorization"] = f"Bearer {self._credentials['access_token']}"
 
+    def refused(self) -> None:
+        used = self._credentials.get("access_token")
+        if not used:
+            return
+
+        def unusable(current: Mapping[str, Any]) -> Mapping[str, Any]:
+            # Only the token that was refused: another run may have saved a fresh one.
+            if current.get("access_token") != used:
+                return current
+            return {k: v for k, v in current.items() if k not in ("access_token", "expires_at")}
+
+        self._credentials = dict(self._context.refresh_credentials(unusable))
+
     def refresh(self) -> bool:
         used = self._credentials.get("access_token")
 
@@ -127,6 +156,9 @@ class OAuth2(Auth):
             token_endpoint_auth_method=self._client_auth,
             timeout=30.0,
         )
+        # authlib's hooks see the token endpoint's answer before it is parsed as a token.
+        client.register_compliance_hook("access_token_response", check_token_response)
+        client.register_compliance_hook("refresh_token_response", check_token_response)
         try:
             with client:
                 if self._grant == "client_credentials":
@@ -136,23 +168,14 @@ class OAuth2(Auth):
                         self._token_url, refresh_token=current["refresh_token"]
                     )
         except (OAuth2Error, OAuthError) as exc:
-            # authlib's httpx client raises OAuthError (not an OAuth2Error) for an error answer
-            # such as {"error": "invalid_grant"}: either way the grant was refused.
-            raise AuthError(
-                f"the token endpoint refused the credentials ({exc.error}); authorize again"
-            ) from None
-        except httpx.HTTPStatusError as exc:
-            if exc.response.status_code >= 500:
-                raise RetryableError(
-                    f"the token endpoint failed ({exc.response.status_code})"
-                ) from None
-            raise AuthError(
-                f"the token endpoint refused the credentials ({exc.response.status_code})"
-            ) from None
-        except (httpx.TransportError, ValueError) as exc:
+            # An error answer that came with a 2xx status.
+            raise token_error(str(exc.error), None) from None
+        except httpx.TransportError as exc:
             raise RetryableError(f"the token endpoint could not be reached ({exc})") from None
+        except ValueError as exc:
+            raise RetryableError(f"the token endpoint's answer is not a token ({exc})") from None
         if not token.get("access_token"):
-            raise AuthError("the token endpoint answered without an access_token")
+            raise PermanentError("the token endpoint answered without an access_token")
         fresh: dict[str, Any] = {"access_token": token["access_token"]}
         if token.get("expires_at") is not None:
             fresh["expires_at"] = float(token["expires_at"])
@@ -161,3 +184,32 @@ class OAuth2(Auth):
         if token.get("refresh_token"):
             fresh["refresh_token"] = token["refresh_token"]
         return fresh
+
+
+def check_token_response(response: httpx.Response) -> httpx.Response:
+    """What a token endpoint's answer that is not a token means (raises), or the response to
+    parse."""
+    status = response.status_code
+    if 200 <= status < 300:
+        return response
+    if status in (429, 503):
+        wait = parse_retry_after(response.headers.get("retry-after"), datetime.now(UTC))
+        raise RateLimited(f"the token endpoint answered {status}: rate limited", wait)
+    if status >= 500:
+        raise RetryableError(f"the token endpoint failed ({status})")
+    response.read()
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    code = body.get("error") if isinstance(body, dict) else None
+    raise token_error(str(code) if code else None, status)
+
+
+def token_error(code: str | None, status: int | None) -> Exception:
+    """The connector error for a token endpoint's refusal (pure): only a refused grant or
+    client disconnects; any other error is the request's own fault, permanent for this run."""
+    said = f"{code}" if status is None else f"{status} {code or 'without an error code'}"
+    if code in REFUSALS:
+        return AuthError(f"the token endpoint refused the credentials ({said}); authorize again")
+    return PermanentError(f"the token endpoint refused the request ({said})")

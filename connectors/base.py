@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -21,13 +22,34 @@ class Mode(StrEnum):
     """A cursor is saved per table; the connector reports deletions with :class:`Deleted`."""
 
 
+DAILY = timedelta(days=1)
+
+
 @dataclass(frozen=True)
 class Table:
-    """A table a connector syncs: its name, the record field(s) that identify a row, its mode."""
+    """A table a connector syncs: its name, the record field(s) that identify a row, its mode,
+    and what the engine should know about how it is listed."""
 
     name: str
     primary_key: str | tuple[str, ...] = "id"
     mode: Mode = Mode.FULL
+    shifting: bool = False
+    """The listing can shift while it is read (page numbers, offsets): an item deleted on an
+    earlier page moves a later one onto a page already read, so a key missing from a complete
+    read is not proof of a deletion. Missing keys are confirmed with
+    :meth:`Connector.confirm_deleted` before they are tombstoned, or, where that is not possible,
+    tombstoned only once two complete listings missed them."""
+    hash_ignores: tuple[str, ...] = ()
+    """Fields (dotted paths into the record, e.g. ``"head.repo.pushed_at"``) left out of the
+    content hash: a row whose other fields did not change is not rewritten. The row is stored
+    whole when it is written for another reason."""
+    complete_every: timedelta | None = None
+    """For an incremental table read by update time, whose reads never show a deletion: how
+    often its cursor is withheld so that the connector lists the whole table (and yields
+    ``Resync()``), finding deletions. The reference connectors use :data:`DAILY`."""
+    confirm_limit: int = 100
+    """At most this many missing keys per partition are confirmed one by one in a run; the rest
+    wait for a second complete listing."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +65,8 @@ class Checkpoint:
     engine saves ``cursor``, and the next sync resumes from it."""
 
     cursor: Any
+    partition: str | None = None
+    """Save the cursor for this partition of the table (``context.cursor(table, partition)``)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +76,28 @@ class Resync:
     tombstoned when the table completes, as for a ``full`` table."""
 
 
-Item = Mapping[str, Any] | Deleted | Checkpoint | Resync
+@dataclass(frozen=True)
+class Position:
+    """Yielded after the records it covers: where the read would go on from (a next link, a page
+    number, a page token, with whatever else the read needs to go on, such as the time it
+    started). The engine saves it with the batch that holds those records; if the attempt ends
+    before the table does, the next attempt of the same run gets it back from
+    ``context.position(table, partition)`` and resumes there. It lives as long as the run; a
+    cursor (:class:`Checkpoint`) outlives it."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class Total:
+    """Yielded when the provider says how many records the table (or the partition being read)
+    holds: a ``Total`` header, GitHub's ``Link: rel="last"``, ``@odata.count``. It fills the
+    run's ``total_units`` and the progress bar."""
+
+    count: int
+
+
+Item = Mapping[str, Any] | Deleted | Checkpoint | Resync | Position | Total
 """One thing a table read yields. A page (a list of items) may be yielded instead."""
 
 
@@ -63,12 +108,17 @@ class NoConfig(BaseModel):
 
 
 class Connector:
-    """Subclass this, set ``provider``, ``tables`` and ``config_model``, implement ``read``, and
-    register the class with :func:`connectors.register` or an entry point."""
+    """Subclass this, set ``provider``, ``tables`` and ``config_model`` (and, if you like,
+    ``credentials_model``), implement ``read``, and register the class with
+    :func:`connectors.register` or an entry point."""
 
     provider: ClassVar[str]
     tables: ClassVar[Sequence[Table]] = ()
     config_model: ClassVar[type[BaseModel]] = NoConfig
+    credentials_model: ClassVar[type[BaseModel] | None] = None
+    """Optional: a pydantic model of the credentials (see ``connectors.credentials``). The
+    engine refuses credentials that do not validate when a connection is created or given new
+    ones; None accepts any."""
 
     def __init__(self, context: ConnectorContext) -> None:
         self.context = context
@@ -83,6 +133,25 @@ class Connector:
     def read(self, table: Table) -> Iterable[Item | Sequence[Item]]:
         """Yield the records of ``table`` (dicts), page by page if you like."""
         raise NotImplementedError(f"{type(self).__name__} does not implement read()")
+
+    def partitions(self, table: Table) -> Sequence[str] | None:
+        """The partitions ``table`` is read in (repositories, projects, drives), or None to read
+        it whole with :meth:`read`. Each partition is read with :meth:`read_partition` and is
+        checkpointed, reported and tombstoned on its own: one that fails fails only its slice."""
+        return None
+
+    def read_partition(self, table: Table, partition: str) -> Iterable[Item | Sequence[Item]]:
+        """Yield the records of one partition of ``table``."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement read_partition()")
+
+    def confirm_deleted(
+        self, table: Table, partition: str | None, missing: Mapping[str, Mapping[str, Any]]
+    ) -> Collection[str] | None:
+        """For a ``shifting`` table: of the rows a complete read did not see (their key to their
+        stored record), the keys the provider confirms are gone (a 404 or 410 on the item). Keys
+        not returned stay live. Return None when the provider has no per-item read: then a key
+        is tombstoned only once two complete listings missed it."""
+        return None
 
     def close(self) -> None:
         """Release what the connector holds (HTTP clients). Called once after the run."""

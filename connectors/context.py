@@ -4,37 +4,39 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
 from pydantic import BaseModel
 
 
-class ConnectorContext(Protocol):
-    """The connection a connector reads for, and the engine services it may use."""
+@dataclass(frozen=True)
+class CachedResponse:
+    """A response kept for conditional requests: its ETag, the headers worth keeping and the
+    body."""
 
-    @property
-    def config(self) -> BaseModel:
-        """The connection's config, validated by the connector's ``config_model``."""
-        ...
+    etag: str
+    headers: Mapping[str, str]
+    body: bytes
 
-    @property
-    def credentials(self) -> Mapping[str, Any]:
-        """The decrypted credentials. Never log them."""
-        ...
+
+class RequestContext(Protocol):
+    """What an HTTP client needs of the job it sends requests for: a logger, the abort signal,
+    sleeps that wake on it, the shared rate budget and the ETag cache. A connector's context is
+    one; code outside any connector (an embeddings endpoint) may give a smaller one."""
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
         """A logger that already carries the run, connection and attempt."""
         ...
 
-    def cursor(self, table: str) -> Any | None:
-        """The cursor saved by the last completed batch of an incremental table."""
+    def cached_response(self, url: str) -> CachedResponse | None:
+        """The last response with an ETag this connection got from ``url``, if kept."""
         ...
 
-    @property
-    def aborted(self) -> bool:
-        """True once the run was cancelled, lost its lease, timed out or is shutting down."""
+    def store_response(self, url: str, response: CachedResponse) -> None:
+        """Keep a response with an ETag for the next conditional request to ``url``."""
         ...
 
     def check_abort(self) -> None:
@@ -50,16 +52,6 @@ class ConnectorContext(Protocol):
         """The longest rate-limit wait to sleep inside the run; longer ones requeue it."""
         ...
 
-    def refresh_credentials(
-        self, refresh: Callable[[Mapping[str, Any]], Mapping[str, Any]]
-    ) -> Mapping[str, Any]:
-        """Run ``refresh(current)`` under the connection's lock and save what it returns.
-
-        ``current`` is the latest stored credentials (another run may have refreshed them); the
-        result is encrypted and saved in a fenced write, then returned.
-        """
-        ...
-
     def report_rate_limit(self, until: datetime, reason: str) -> None:
         """Record that this connection's rate budget (see ``Connector.budget_key``) is spent
         until ``until``: no run drawing on it is claimed, and running ones wait, until then."""
@@ -68,4 +60,44 @@ class ConnectorContext(Protocol):
     def rate_limited_until(self) -> datetime | None:
         """When the budget this connection draws on is free again, if another run found it
         spent; None when it is free now."""
+        ...
+
+
+class ConnectorContext(RequestContext, Protocol):
+    """The connection a connector reads for, and the engine services it may use."""
+
+    @property
+    def config(self) -> BaseModel:
+        """The connection's config, validated by the connector's ``config_model``."""
+        ...
+
+    @property
+    def credentials(self) -> Mapping[str, Any]:
+        """The decrypted credentials. Never log them."""
+        ...
+
+    def cursor(self, table: str, partition: str | None = None) -> Any | None:
+        """The cursor saved by the last completed batch of an incremental table (of one of its
+        partitions, when it is named). None also when the engine wants the whole table read:
+        a first sync, or the periodic complete pass of a table with ``complete_every``."""
+        ...
+
+    def position(self, table: str, partition: str | None = None) -> Any | None:
+        """The position an earlier attempt of this run saved for the table (or partition) it
+        did not finish; None: start from the beginning."""
+        ...
+
+    @property
+    def aborted(self) -> bool:
+        """True once the run was cancelled, lost its lease, timed out or is shutting down."""
+        ...
+
+    def refresh_credentials(
+        self, refresh: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    ) -> Mapping[str, Any]:
+        """Run ``refresh(current)`` under the connection's lock and save what it returns.
+
+        ``current`` is the latest stored credentials (another run may have refreshed them); the
+        result is encrypted and saved in a fenced write, then returned.
+        """
         ...

@@ -1,25 +1,53 @@
-"""GitHub (REST): a repository's issues and pull requests, both ``full`` tables.
+"""GitHub (REST): the issues and pull requests of one owner's repositories, each repository a
+partition of both tables (one that answers 404 fails only its own slice).
 
-Pages follow the ``Link`` header. GitHub's rate limits are its own dialect, translated here into
-the SDK's: a response with ``x-ratelimit-remaining: 0`` spends the shared budget until
-``x-ratelimit-reset`` (so the next request waits, or the attempt ends and the run is requeued at
-the reset); a 403 or 429 that is a rate limit (primary or secondary) is rate limited, never a
-permanent error.
+``issues`` is incremental by update time: a sync lists what changed since the last one
+(``since``, ``sort=updated``, newest first) and saves, per repository, the time its read began;
+once a day (``complete_every``) the cursor is withheld and the whole repository is listed, which
+finds deletions. ``pull_requests`` (the pulls endpoint has no ``since``) is listed in full every
+sync, with conditional requests: GitHub answers an unchanged page with a 304, which costs no
+rate limit, and the stored page is reused. Its rows ignore the volatile fields of the repository
+objects every pull request embeds (``pushed_at``, ``open_issues_count``...), so a push or a new
+issue rewrites no pull request.
+
+GitHub lists by page number, so a listing shifts when an item is deleted while it is read: both
+tables are ``shifting``, and a key missing from a complete listing is confirmed with
+``GET /repos/{owner}/{repo}/issues/{number}`` (or ``pulls/{number}``) before it is tombstoned:
+404 or 410 is gone, 301 moved to another repository (gone from this one), 200 still there.
+
+Pages follow the ``Link`` header; the next link is the read position a later attempt resumes
+from, and ``rel="last"`` gives the total. GitHub's rate limits are its own dialect, translated
+here into the SDK's: a response with ``x-ratelimit-remaining: 0`` spends the shared budget until
+``x-ratelimit-reset`` (so the next request waits, or the run waits in the queue until the reset);
+a 403 or 429 that is a rate limit (primary or secondary) is rate limited, never a permanent
+error.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from typing import Annotated, Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from connectors.auth import BearerToken
-from connectors.base import Connector, Table
+from connectors.base import (
+    DAILY,
+    Checkpoint,
+    Connector,
+    Item,
+    Mode,
+    Position,
+    Resync,
+    Table,
+    Total,
+)
 from connectors.context import ConnectorContext
+from connectors.credentials import TokenCredentials
 from connectors.errors import PermanentError
 from connectors.http import HttpClient
 from connectors.http_policy import (
@@ -28,13 +56,42 @@ from connectors.http_policy import (
     parse_reset_epoch,
     parse_retry_after,
 )
-from connectors.paging import link_header_pages
+from connectors.paging import last_page, link_header_pages, next_link
 
 API_VERSION = "2022-11-28"
 PER_PAGE = 100
-# Oldest first: an item created while we page lands on the last page instead of pushing every
-# item one place down (newest first), where the boundary item would be read twice.
+# A complete listing, oldest first: an item created while we page lands on the last page
+# instead of pushing every item one place down (newest first), where the boundary item would be
+# read twice.
 LIST_PARAMS = {"state": "all", "per_page": PER_PAGE, "sort": "created", "direction": "asc"}
+# What changed since a time, newest first: an item updated while we page (or while the run
+# waits for the rate limit) moves to page 1, already read, so every later item moves one place
+# down and none is skipped; its change is read next time. Oldest first would move it to the end
+# and every later item one place up, skipping the first item of each page still to read.
+SINCE_PARAMS = {"state": "all", "per_page": PER_PAGE, "sort": "updated", "direction": "desc"}
+# The next `since` is when the read began, by GitHub's clock, less this much: changes made in
+# the same second as the first page are read again rather than lost.
+SINCE_OVERLAP = timedelta(seconds=5)
+
+# The repository objects a pull request embeds (as head.repo and base.repo) change with every
+# push, issue and star: they are no change of the pull request.
+VOLATILE_REPO_FIELDS = (
+    "pushed_at",
+    "updated_at",
+    "open_issues_count",
+    "open_issues",
+    "size",
+    "stargazers_count",
+    "watchers_count",
+    "watchers",
+    "forks_count",
+    "forks",
+    "network_count",
+    "subscribers_count",
+)
+PULL_REQUEST_IGNORES = tuple(
+    f"{side}.repo.{field}" for side in ("head", "base") for field in VOLATILE_REPO_FIELDS
+)
 # GitHub: a secondary limit with neither retry-after nor a spent primary budget means "wait at
 # least one minute before retrying".
 SECONDARY_LIMIT_WAIT = 60.0
@@ -90,8 +147,12 @@ def spent_until(response: httpx.Response, now: datetime) -> datetime | None:
 
 class GitHubConnector(Connector):
     provider = "github"
-    tables = (Table("issues"), Table("pull_requests"))
+    tables = (
+        Table("issues", mode=Mode.INCREMENTAL, shifting=True, complete_every=DAILY),
+        Table("pull_requests", shifting=True, hash_ignores=PULL_REQUEST_IGNORES),
+    )
     config_model = GitHubConfig
+    credentials_model = TokenCredentials
 
     def __init__(self, context: ConnectorContext) -> None:
         super().__init__(context)
@@ -118,21 +179,60 @@ class GitHubConnector(Connector):
         digest = hashlib.sha256(f"{config.base_url}\n{token}".encode()).hexdigest()
         return f"token:{digest[:32]}"
 
-    def read(self, table: Table) -> Iterator[Sequence[Mapping[str, Any]]]:
-        path = {"issues": "issues", "pull_requests": "pulls"}[table.name]
-        for repo in self.config.repos:
-            url = f"/repos/{self.config.owner}/{repo}/{path}"
-            for response in link_header_pages(self._http, url, params=LIST_PARAMS):
-                page = self._http.json_of(response)
-                if not isinstance(page, list):
-                    raise PermanentError(
-                        f"GET {url}: expected a JSON list, got {type(page).__name__}"
-                    )
-                if table.name == "issues":
-                    # The issues endpoint lists pull requests too (with a `pull_request` key and
-                    # an issue id, not the pull request's): they belong to the other table.
-                    page = [item for item in page if "pull_request" not in item]
-                yield page
+    def partitions(self, table: Table) -> list[str]:
+        return list(self.config.repos)
+
+    def read_partition(self, table: Table, partition: str) -> Iterator[Item | list[Item]]:
+        path = f"/repos/{self.config.owner}/{partition}/{_PATHS[table.name]}"
+        resumed = self.context.position(table.name, partition)
+        if resumed:
+            started, url, params = resumed.get("started"), resumed["next"], None
+        elif table.name == "pull_requests":
+            started, url, params = None, path, LIST_PARAMS
+        else:
+            since = (self.context.cursor(table.name, partition) or {}).get("since")
+            started, url = None, path
+            if since is None:
+                # No cursor: the whole repository (a first sync, or the daily complete pass).
+                yield Resync()
+                params = LIST_PARAMS
+            else:
+                params = {**SINCE_PARAMS, "since": since}
+        for response in link_header_pages(self._http, url, params=params, conditional=True):
+            if started is None:
+                started = _read_began(response)
+            page = self._http.json_of(response)
+            if not isinstance(page, list):
+                raise PermanentError(f"GET {path}: expected a JSON list, got {type(page).__name__}")
+            pages = last_page(response)
+            if pages is not None:
+                yield Total(pages * PER_PAGE)
+            if table.name == "issues":
+                # The issues endpoint lists pull requests too (with a `pull_request` key and an
+                # issue id, not the pull request's): they belong to the other table.
+                page = [item for item in page if "pull_request" not in item]
+            yield page
+            following = next_link(response)
+            if following is not None:
+                yield Position({"next": following, "started": started})
+        if table.mode is Mode.INCREMENTAL and started is not None:
+            yield Checkpoint({"since": started}, partition=partition)
+
+    def confirm_deleted(
+        self, table: Table, partition: str | None, missing: Mapping[str, Mapping[str, Any]]
+    ) -> Collection[str]:
+        """Ask GitHub for each missing issue or pull request by number: 404 or 410 means
+        deleted, 301 transferred to another repository, 200 still there."""
+        gone = []
+        for key, record in missing.items():
+            number = record.get("number")
+            if not isinstance(number, int):
+                continue
+            url = f"/repos/{self.config.owner}/{partition}/{_PATHS[table.name]}/{number}"
+            response = self._http.get(url, expect=(301, 404, 410), follow_redirects=False)
+            if response.status_code in (301, 404, 410):
+                gone.append(key)
+        return gone
 
     def close(self) -> None:
         self._http.close()
@@ -146,3 +246,18 @@ class GitHubConnector(Connector):
                 self.context.report_rate_limit(
                     until, "GitHub x-ratelimit-remaining reached 0 (primary rate limit)"
                 )
+
+
+_PATHS = {"issues": "issues", "pull_requests": "pulls"}
+
+
+def _read_began(response: httpx.Response) -> str:
+    """When a read began by GitHub's clock (its ``Date`` header, else ours), less the overlap,
+    as the ``since`` of the next read."""
+    try:
+        began = parsedate_to_datetime(response.headers["date"])
+    except (KeyError, TypeError, ValueError):
+        began = datetime.now(UTC)
+    if began.tzinfo is None:
+        began = began.replace(tzinfo=UTC)
+    return (began - SINCE_OVERLAP).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

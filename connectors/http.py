@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,7 +25,7 @@ from tenacity import (
 )
 
 from connectors.auth import Auth
-from connectors.context import ConnectorContext
+from connectors.context import CachedResponse, RequestContext
 from connectors.errors import AuthError, PermanentError, RateLimited, RetryableError
 from connectors.http_policy import Classification, Verdict, classify
 
@@ -35,6 +35,10 @@ wait is in ``X-Rate-Limit-Reset``); None leaves the response to the standard cla
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 USER_AGENT = "connector-sync"
+MAX_INLINE_WAITS = 5  # rate-limit waits slept inside one request before the attempt gives up
+
+# What a cached response keeps of its headers: what paging and totals read.
+_CACHED_HEADERS = ("content-type", "link", "etag", "last-modified")
 
 
 class _Transient(Exception):
@@ -48,7 +52,7 @@ class HttpClient:
 
     def __init__(
         self,
-        context: ConnectorContext,
+        context: RequestContext,
         *,
         base_url: str = "",
         auth: Auth | None = None,
@@ -91,6 +95,8 @@ class HttpClient:
     # -- requests --------------------------------------------------------------------------
 
     def get(self, url: str, **kwargs: Any) -> httpx.Response:
+        """A GET; ``conditional=True`` sends the ETag of the last response from this URL
+        (``If-None-Match``) and answers a 304 with that response, as the provider asks."""
         return self.request("GET", url, **kwargs)
 
     def get_json(self, url: str, **kwargs: Any) -> Any:
@@ -105,21 +111,68 @@ class HttpClient:
         headers: Mapping[str, str] | None = None,
         json: Any = None,
         data: Mapping[str, Any] | None = None,
+        conditional: bool = False,
+        expect: Collection[int] = (),
+        follow_redirects: bool = True,
     ) -> httpx.Response:
-        """Send a request until it succeeds or fails for good, and return the response."""
+        """Send a request until it succeeds or fails for good, and return the response.
+        Statuses in ``expect`` are returned as they are, for the caller to read (a 404 that
+        means "deleted"); ``follow_redirects=False`` returns a redirect instead of following
+        it."""
         refreshed = False
         inline_waits = 0
+        cached: CachedResponse | None = None
+        key = ""
+        if conditional:
+            key = str(self._client.build_request(method, url, params=params).url)
+            cached = self._context.cached_response(key)
+            if cached is not None:
+                headers = {**(headers or {}), "If-None-Match": cached.etag}
         while True:
             self._respect_budget()
-            response = self._send_with_retries(method, url, params, headers, json, data)
+            try:
+                response = self._send_with_retries(
+                    method, url, params, headers, json, data, follow_redirects
+                )
+            except RateLimited as limited:  # the token endpoint asked us to wait
+                if not self._wait_inline(limited, inline_waits):
+                    raise
+                inline_waits += 1
+                continue
             if self._on_response is not None:
                 self._on_response(response)
+            if response.status_code in expect:
+                return response
+            if cached is not None and response.status_code == 304:
+                # The stored response, its headers updated by the 304's (RFC 9111, 4.3.4).
+                fresh = {
+                    k.lower(): v
+                    for k, v in response.headers.items()
+                    if k.lower() != "content-length"
+                }
+                return httpx.Response(
+                    200,
+                    headers={**cached.headers, **fresh},
+                    content=cached.body,
+                    request=response.request,
+                )
             verdict = self._classify(response, refreshed=refreshed)
             where = f"{method} {_display(response.request.url)}"
             if verdict.verdict is Verdict.OK:
+                if conditional and response.headers.get("etag"):
+                    self._context.store_response(key, _cacheable(response))
                 return response
             if verdict.verdict is Verdict.REFRESH and self._auth is not None:
-                if self._auth.refresh():
+                # The credentials just sent were refused: never send them again.
+                self._auth.refused()
+                try:
+                    renewed = self._auth.refresh()
+                except RateLimited as limited:
+                    if not self._wait_inline(limited, inline_waits):
+                        raise
+                    inline_waits += 1
+                    continue
+                if renewed:
                     refreshed = True
                     continue
                 raise AuthError(f"{where}: 401 Unauthorized and the credentials cannot refresh")
@@ -133,7 +186,11 @@ class HttpClient:
                         response.headers.get("retry-after"),
                     )
                 wait = verdict.wait
-                if wait is not None and wait <= self._max_inline_wait and inline_waits < 5:
+                if (
+                    wait is not None
+                    and wait <= self._max_inline_wait
+                    and inline_waits < MAX_INLINE_WAITS
+                ):
                     inline_waits += 1
                     self._context.logger.info("%s rate limited; waiting %.1f s", where, wait)
                     self._context.sleep(wait)
@@ -171,6 +228,18 @@ class HttpClient:
                 return verdict
         return classify(response.status_code, response.headers, now, refreshed=refreshed)
 
+    def _wait_inline(self, limited: RateLimited, waits_so_far: int) -> bool:
+        """Sleep out a short rate limit the credentials' token endpoint asked for; False when
+        it is too long (the attempt ends and the run waits in the queue instead)."""
+        wait = limited.retry_after
+        if wait is None or wait > self._max_inline_wait or waits_so_far >= MAX_INLINE_WAITS:
+            if wait is not None:
+                self._context.report_rate_limit(_now() + timedelta(seconds=wait), limited.message)
+            return False
+        self._context.logger.info("%s; waiting %.1f s", limited.message, wait)
+        self._context.sleep(wait)
+        return True
+
     def _respect_budget(self) -> None:
         """Wait for (or give the attempt up to) a rate budget another run found exhausted."""
         self._context.check_abort()
@@ -193,6 +262,7 @@ class HttpClient:
         headers: Mapping[str, str] | None,
         json: Any,
         data: Mapping[str, Any] | None,
+        follow_redirects: bool,
     ) -> httpx.Response:
         retrying = Retrying(
             retry=retry_if_exception_type(_Transient),
@@ -204,7 +274,9 @@ class HttpClient:
         try:
             for attempt in retrying:
                 with attempt:
-                    return self._send_once(method, url, params, headers, json, data)
+                    return self._send_once(
+                        method, url, params, headers, json, data, follow_redirects
+                    )
         except _Transient as exc:
             raise RetryableError(exc.message) from None
         raise AssertionError("unreachable")  # pragma: no cover
@@ -217,6 +289,7 @@ class HttpClient:
         headers: Mapping[str, str] | None,
         json: Any,
         data: Mapping[str, Any] | None,
+        follow_redirects: bool,
     ) -> httpx.Response:
         self._context.check_abort()
         request_headers = dict(headers or {})
@@ -228,7 +301,7 @@ class HttpClient:
         where = f"{method} {_display(request.url)}"
         deadline = time.monotonic() + self._total_timeout
         try:
-            response = self._client.send(request, stream=True)
+            response = self._client.send(request, stream=True, follow_redirects=follow_redirects)
             try:
                 declared = int(response.headers.get("content-length") or 0)
                 if declared > self._max_body:
@@ -263,6 +336,15 @@ class HttpClient:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _cacheable(response: httpx.Response) -> CachedResponse:
+    kept = {
+        name.lower(): value
+        for name, value in response.headers.items()
+        if name.lower() in _CACHED_HEADERS or "total" in name.lower() or "per-page" in name.lower()
+    }
+    return CachedResponse(response.headers["etag"], kept, response.content)
 
 
 def _display(url: httpx.URL) -> str:

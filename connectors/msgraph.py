@@ -1,34 +1,36 @@
 """Microsoft Graph drive items (SharePoint document libraries, OneDrive): one ``incremental``
-table read with the delta query.
+table read with the delta query, each drive a partition (one that fails fails only its own
+slice).
 
-The first sync enumerates the drive from ``/drives/{drive_id}/root/delta``, following
+The first sync enumerates a drive from ``/drives/{drive_id}/root/delta``, following
 ``@odata.nextLink``, after a ``Resync``: the enumeration is the whole drive, so items an
 unfinished earlier sync wrote and Graph deleted since are tombstoned. The last page carries
-``@odata.deltaLink``, saved as the cursor after that page's records are written. Later syncs
-start from the saved delta link and get only changes. Deleted items come back with the
+``@odata.deltaLink``, saved as the drive's cursor after that page's records are written. Later
+syncs start from the saved delta link and get only changes. Deleted items come back with the
 ``deleted`` facet (drive items never use ``@removed``) and are tombstoned. A 410 Gone on a delta
 link means the token cannot be used any more: the enumeration starts again (from the
 ``Location`` Graph sends, else from the start) after a ``Resync``, so rows not seen again are
 tombstoned.
 
-Only the delta link is a cursor, never a next link: a next link saved mid-enumeration would let
-an attempt that failed after a resync resume without the resync, and rows deleted meanwhile
-would stay live forever. A failed attempt reads its enumeration again instead (unchanged rows
-cost nothing to write).
+Within a run, each next link is the read position: an attempt that ends mid-enumeration (a
+rate limit, a crash) is resumed by the next attempt of the same run from the last page it
+wrote, and the engine remembers that the enumeration began with a ``Resync``. A next link is
+never a cursor: a later run starts from the delta link, or from the start.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
 
 from connectors.auth import OAuth2
-from connectors.base import Checkpoint, Connector, Deleted, Item, Mode, Resync, Table
+from connectors.base import Checkpoint, Connector, Deleted, Item, Mode, Position, Resync, Table
 from connectors.context import ConnectorContext
+from connectors.credentials import OAuth2ClientCredentials
 from connectors.errors import PermanentError
 from connectors.http import HttpClient
 from connectors.paging import next_link_pages
@@ -42,10 +44,23 @@ class GraphDriveConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tenant_id: Identifier
-    drive_id: Identifier
+    drive_id: Identifier | None = None
+    drive_ids: list[Identifier] = []
     base_url: str = "https://graph.microsoft.com/v1.0"
     token_url: str = "https://login.microsoftonline.com/{tenant_id}/oauth2/v2.0/token"
     scope: str = GRAPH_SCOPE
+
+    @model_validator(mode="after")
+    def _some_drive(self) -> Self:
+        if not self.drives:
+            raise ValueError("name a drive: drive_id, or drive_ids for several")
+        return self
+
+    @property
+    def drives(self) -> list[str]:
+        """Every drive to read, each once, in order."""
+        listed = [self.drive_id, *self.drive_ids] if self.drive_id else self.drive_ids
+        return list(dict.fromkeys(listed))
 
 
 class _DeltaGone(Exception):
@@ -71,6 +86,7 @@ class GraphDriveConnector(Connector):
     provider = "msgraph_drive"
     tables = (Table("drive_items", "id", Mode.INCREMENTAL),)
     config_model = GraphDriveConfig
+    credentials_model = OAuth2ClientCredentials
 
     def __init__(self, context: ConnectorContext) -> None:
         super().__init__(context)
@@ -97,18 +113,24 @@ class GraphDriveConnector(Connector):
         app = str(credentials.get("client_id") or "")
         return f"tenant:{config.tenant_id.lower()}/app:{app}"
 
-    def read(self, table: Table) -> Iterator[Item | list[Item]]:
-        start = f"/drives/{quote(self.config.drive_id, safe='!')}/root/delta"
-        saved = self.context.cursor(table.name) or {}
-        url = saved.get("delta_link") or start
+    def partitions(self, table: Table) -> list[str]:
+        return self.config.drives
+
+    def read_partition(self, table: Table, partition: str) -> Iterator[Item | list[Item]]:
+        start = f"/drives/{quote(partition, safe='!')}/root/delta"
+        resumed = self.context.position(table.name, partition)
+        if resumed:
+            url = resumed["next"]
+        else:
+            url = self._delta_link(table, partition) or start
+            if url == start:
+                # From the start, the enumeration is the whole drive: items an unfinished
+                # earlier sync wrote and Graph has deleted since are tombstoned.
+                yield Resync()
         resynced = False
-        if url == start:
-            # From the start, the enumeration is the whole drive: items an unfinished earlier
-            # sync wrote and Graph has deleted since are tombstoned.
-            yield Resync()
         while True:
             try:
-                yield from self._enumerate(url)
+                yield from self._enumerate(url, partition)
                 return
             except _DeltaGone as gone:
                 if resynced:
@@ -125,7 +147,15 @@ class GraphDriveConnector(Connector):
                 yield Resync()
                 url = self._same_host(gone.location) or start
 
-    def _enumerate(self, url: str) -> Iterator[Item | list[Item]]:
+    def _delta_link(self, table: Table, drive: str) -> str | None:
+        saved = self.context.cursor(table.name, drive) or {}
+        if not saved and drive == self.config.drives[0]:
+            # Saved before drives were partitions: the one drive's link, at the top.
+            saved = self.context.cursor(table.name) or {}
+        link = saved.get("delta_link") if isinstance(saved, Mapping) else None
+        return str(link) if link else None
+
+    def _enumerate(self, url: str, drive: str) -> Iterator[Item | list[Item]]:
         delta_link: str | None = None
         for page in next_link_pages(self._http, url):
             items = page.get("value")
@@ -133,9 +163,11 @@ class GraphDriveConnector(Connector):
                 raise PermanentError("a delta page has no `value` list")
             yield [self._item(item) for item in items]
             delta_link = page.get("@odata.deltaLink")
+            if page.get("@odata.nextLink"):
+                yield Position({"next": page["@odata.nextLink"]})
         if not delta_link:
             raise PermanentError("the delta enumeration ended without an @odata.deltaLink")
-        yield Checkpoint({"delta_link": delta_link})
+        yield Checkpoint({"delta_link": delta_link}, partition=drive)
 
     @staticmethod
     def _item(item: Any) -> Item:

@@ -34,13 +34,17 @@ def link_header_pages(
     *,
     params: Mapping[str, Any] | None = None,
     max_pages: int = MAX_PAGES,
+    conditional: bool = False,
 ) -> Iterator[httpx.Response]:
-    """Follow ``Link: <...>; rel="next"`` (RFC 8288; GitHub, Procore) until there is none."""
+    """Follow ``Link: <...>; rel="next"`` (RFC 8288; GitHub, Procore) until there is none. To
+    resume a listing, pass the next link it gave (``next_link(response)``) as ``url``. With
+    ``conditional``, each page is asked for with the ETag it last came with (see
+    ``HttpClient.get``)."""
     guard = _LoopGuard("next link", max_pages)
     next_url: str | None = url
     next_params = params
     while next_url is not None:
-        response = client.get(next_url, params=next_params)
+        response = client.get(next_url, params=next_params, conditional=conditional)
         guard.visit(str(response.request.url))
         yield response
         link = response.links.get("next")
@@ -111,10 +115,12 @@ def cursor_pages(
     next_cursor: Callable[[Any], str | None],
     params: Mapping[str, Any] | None = None,
     max_pages: int = MAX_PAGES,
+    start: str | None = None,
 ) -> Iterator[Any]:
-    """Pass an opaque cursor token from each page to the next request. Yields parsed bodies."""
+    """Pass an opaque cursor token from each page to the next request. Yields parsed bodies.
+    ``start``: a token a page gave, to resume the listing there."""
     guard = _LoopGuard("cursor", max_pages)
-    cursor: str | None = None
+    cursor: str | None = start
     while True:
         query = dict(params or {})
         if cursor is not None:
@@ -125,6 +131,25 @@ def cursor_pages(
         if not cursor:
             return
         guard.visit(cursor)
+
+
+def next_link(response: httpx.Response) -> str | None:
+    """The ``rel="next"`` URL of a ``Link`` header: where a listing goes on, and the position to
+    resume it from."""
+    link = response.links.get("next")
+    return link.get("url") if link else None
+
+
+def last_page(response: httpx.Response) -> int | None:
+    """The page number of the ``rel="last"`` link (GitHub's way of saying how long a listing
+    is), or None."""
+    link = response.links.get("last")
+    if not link or not link.get("url"):
+        return None
+    try:
+        return int(httpx.URL(link["url"]).params["page"])
+    except (KeyError, ValueError):
+        return None
 
 
 def _int_header(response: httpx.Response, name: str | None) -> int | None:

@@ -1,4 +1,17 @@
-"""Procore: a company's companies, projects and the RFIs of each project, all ``full`` tables.
+"""Procore: a company's companies and projects (``full``), and the RFIs of each project
+(``incremental``, each project a partition: one that fails fails only its own slice).
+
+RFIs are read by update time: a sync lists those updated since the last one, per project, with
+``filters[updated_at]=SINCE...NOW``, and saves NOW, the end of that range, as the project's
+cursor; the fixed end keeps items updated during the read out of it. Once a day
+(``complete_every``) the cursor is withheld and every RFI is listed, which finds deletions.
+
+Procore lists by page number, so a listing shifts when an item is deleted while it is read: all
+three tables are ``shifting``. A project or RFI missing from a complete listing is confirmed
+with its show endpoint (``GET /rest/v1.0/projects/{id}``, ``.../projects/{id}/rfis/{id}``: a 404
+is gone, a 200 still there) before it is tombstoned; companies have no show endpoint, so a
+company is tombstoned once two complete listings missed it. The page number is the position a
+later attempt resumes from, and ``Total`` gives the total.
 
 Auth is the OAuth2 authorization-code flow. Procore rotates refresh tokens (each refresh returns
 a new one and the old one stops working), so every refresh goes through the engine's
@@ -18,7 +31,7 @@ reset, so the next request waits (or the run is requeued at the reset).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,8 +39,19 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from connectors.auth import OAuth2
-from connectors.base import Connector, Table
+from connectors.base import (
+    DAILY,
+    Checkpoint,
+    Connector,
+    Item,
+    Mode,
+    Position,
+    Resync,
+    Table,
+    Total,
+)
 from connectors.context import ConnectorContext
+from connectors.credentials import OAuth2RefreshCredentials
 from connectors.errors import PermanentError
 from connectors.http import HttpClient
 from connectors.http_policy import (
@@ -93,8 +117,13 @@ def _int_header(response: httpx.Response, name: str) -> int | None:
 
 class ProcoreConnector(Connector):
     provider = "procore"
-    tables = (Table("companies"), Table("projects"), Table("rfis"))
+    tables = (
+        Table("companies", shifting=True),
+        Table("projects", shifting=True),
+        Table("rfis", mode=Mode.INCREMENTAL, shifting=True, complete_every=DAILY),
+    )
     config_model = ProcoreConfig
+    credentials_model = OAuth2RefreshCredentials
 
     def __init__(self, context: ConnectorContext) -> None:
         super().__init__(context)
@@ -109,6 +138,8 @@ class ProcoreConnector(Connector):
             on_response=self._note_budget,
             classify_response=classify_procore,
         )
+        # The projects this run listed: the partitions of `rfis`, without listing them again.
+        self._project_ids: list[str] | None = None
 
     @classmethod
     def budget_key(cls, config: BaseModel, credentials: Mapping[str, Any]) -> str | None:
@@ -118,35 +149,101 @@ class ProcoreConnector(Connector):
         app = str(credentials.get("client_id") or "")
         return f"app:{config.base_url}/{app}" if app else None
 
-    def read(self, table: Table) -> Iterator[Sequence[Mapping[str, Any]]]:
+    def read(self, table: Table) -> Iterator[Item | list[Item]]:
         if table.name == "companies":
-            yield from self._pages("/rest/v1.0/companies", {})
+            yield from self._pages(table, None, "/rest/v1.0/companies", {})
         elif table.name == "projects":
-            yield from self._pages("/rest/v1.0/projects", {"company_id": self.config.company_id})
-        elif table.name == "rfis":
-            for projects in self._pages(
-                "/rest/v1.0/projects", {"company_id": self.config.company_id}
-            ):
-                for project in projects:
-                    project_id = project.get("id")
-                    if not isinstance(project_id, int):
-                        raise PermanentError(f"a project has no integer id: {project_id!r}")
-                    for rfis in self._pages(f"/rest/v1.0/projects/{project_id}/rfis", {}):
-                        # An RFI does not name its project; keep the link for joins.
-                        yield [{**rfi, "project_id": project_id} for rfi in rfis]
+            listed: list[str] = []
+            params = {"company_id": self.config.company_id}
+            for page in self._pages(table, None, "/rest/v1.0/projects", params):
+                if isinstance(page, list):
+                    listed.extend(_project_id(p) for p in page if isinstance(p, Mapping))
+                yield page
+            if self.context.position(table.name) is None:  # a listing read whole
+                self._project_ids = listed
         else:  # pragma: no cover - the engine only asks for declared tables
             raise PermanentError(f"unknown table {table.name!r}")
 
-    def _pages(self, path: str, params: Mapping[str, Any]) -> Iterator[list[dict[str, Any]]]:
-        """The items of a list endpoint, one page at a time."""
+    def partitions(self, table: Table) -> list[str] | None:
+        if table.name != "rfis":
+            return None
+        if self._project_ids is None:
+            ids: list[str] = []
+            params = {"company_id": self.config.company_id}
+            for page in self._pages(None, None, "/rest/v1.0/projects", params):
+                if isinstance(page, list):
+                    ids.extend(_project_id(p) for p in page if isinstance(p, Mapping))
+            self._project_ids = ids
+        return self._project_ids
+
+    def read_partition(self, table: Table, partition: str) -> Iterator[Item | list[Item]]:
+        path = f"/rest/v1.0/projects/{partition}/rfis"
+        resumed = self.context.position(table.name, partition)
+        if resumed:
+            since, until = resumed.get("since"), resumed["until"]
+        else:
+            since = (self.context.cursor(table.name, partition) or {}).get("since")
+            until = _now_iso()
+            if since is None:
+                # No cursor: every RFI of the project (a first sync, or the daily complete pass).
+                yield Resync()
+        params = {} if since is None else {"filters[updated_at]": f"{since}...{until}"}
+        window = {"since": since, "until": until}
+        for page in self._pages(table, partition, path, params, extra=window):
+            if isinstance(page, list):
+                # An RFI does not name its project; keep the link for joins.
+                yield [
+                    {**rfi, "project_id": int(partition)}
+                    for rfi in page
+                    if isinstance(rfi, Mapping)
+                ]
+            else:
+                yield page
+        yield Checkpoint({"since": until}, partition=partition)
+
+    def confirm_deleted(
+        self, table: Table, partition: str | None, missing: Mapping[str, Mapping[str, Any]]
+    ) -> Collection[str] | None:
+        """Ask Procore for each missing project or RFI: 404 is gone, 200 still there.
+        Companies have no show endpoint: None (two complete listings decide)."""
+        if table.name == "companies":
+            return None
+        gone = []
+        for key in missing:
+            if table.name == "projects":
+                url, params = f"/rest/v1.0/projects/{key}", {"company_id": self.config.company_id}
+            else:
+                url, params = f"/rest/v1.0/projects/{partition}/rfis/{key}", {}
+            response = self._http.get(url, params=params, expect=(404, 410))
+            if response.status_code in (404, 410):
+                gone.append(key)
+        return gone
+
+    def _pages(
+        self,
+        table: Table | None,
+        partition: str | None,
+        path: str,
+        params: Mapping[str, Any],
+        *,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Iterator[Item | list[Item]]:
+        """The items of a list endpoint, one page at a time, each followed by the position of
+        the next page (``extra`` rides along in it); from the page an earlier attempt of the run
+        reached, if it did."""
         per_page = self.config.per_page
-        fetched = 0
+        resumed = self.context.position(table.name, partition) if table else None
+        first = int(resumed["page"]) if resumed else 1
+        fetched = (first - 1) * per_page
         previous: tuple[Any, ...] | None = None
-        for page in range(1, MAX_PAGES + 1):
+        for page in range(first, MAX_PAGES + 1):
             response = self._http.get(path, params={**params, "page": page, "per_page": per_page})
             items = self._http.json_of(response)
             if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
                 raise PermanentError(f"GET {path}: expected a JSON list of objects")
+            total = _int_header(response, "total")
+            if total is not None:
+                yield Total(total)
             if items:
                 # A server that ignores `page` sends the same page forever and says "next".
                 marker = (len(items), items[0].get("id"), items[-1].get("id"))
@@ -159,6 +256,7 @@ class ProcoreConnector(Connector):
             fetched += len(items)
             if not has_next_page(response, len(items), fetched, per_page):
                 return
+            yield Position({"page": page + 1, **(extra or {})})
         raise PermanentError(f"GET {path}: paging stopped after {MAX_PAGES} pages")
 
     def close(self) -> None:
@@ -169,3 +267,14 @@ class ProcoreConnector(Connector):
             until = spent_until(response, datetime.now(UTC))
             if until is not None:
                 self.context.report_rate_limit(until, "Procore X-Rate-Limit-Remaining reached 0")
+
+
+def _project_id(project: Mapping[str, Any]) -> str:
+    project_id = project.get("id")
+    if not isinstance(project_id, int):
+        raise PermanentError(f"a project has no integer id: {project_id!r}")
+    return str(project_id)
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

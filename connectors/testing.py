@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from connectors.base import Connector, Item, Table
+from connectors.context import CachedResponse
 from connectors.errors import Aborted
 
 
@@ -23,6 +24,8 @@ class FakeContext:
     config: BaseModel
     credentials: Mapping[str, Any] = field(default_factory=dict)
     cursors: dict[str, Any] = field(default_factory=dict)
+    positions: dict[tuple[str, str | None], Any] = field(default_factory=dict)
+    cache: dict[str, CachedResponse] = field(default_factory=dict)
     max_inline_wait: float = 30.0
     aborted: bool = False
     slept: list[float] = field(default_factory=list)
@@ -33,8 +36,20 @@ class FakeContext:
         default_factory=lambda: logging.LoggerAdapter(logging.getLogger("connector.test"), {})
     )
 
-    def cursor(self, table: str) -> Any | None:
-        return self.cursors.get(table)
+    def cursor(self, table: str, partition: str | None = None) -> Any | None:
+        saved = self.cursors.get(table)
+        if partition is None:
+            return saved
+        return saved.get(partition) if isinstance(saved, dict) else None
+
+    def position(self, table: str, partition: str | None = None) -> Any | None:
+        return self.positions.get((table, partition))
+
+    def cached_response(self, url: str) -> CachedResponse | None:
+        return self.cache.get(url)
+
+    def store_response(self, url: str, response: CachedResponse) -> None:
+        self.cache[url] = response
 
     def check_abort(self) -> None:
         if self.aborted:
@@ -59,11 +74,22 @@ class FakeContext:
 
 
 def read_table(connector: Connector, table: Table | str) -> list[Item]:
-    """Everything ``table`` yields, pages flattened."""
+    """Everything ``table`` yields, pages flattened; a partitioned table's partitions one after
+    the other."""
     if isinstance(table, str):
         table = next(t for t in connector.tables if t.name == table)
+    partitions = connector.partitions(table)
+    if partitions is None:
+        return _collect(connector.read(table))
     items: list[Item] = []
-    for item in connector.read(table):
+    for partition in partitions:
+        items.extend(_collect(connector.read_partition(table, partition)))
+    return items
+
+
+def _collect(read: Iterable[Any]) -> list[Item]:
+    items: list[Item] = []
+    for item in read:
         if isinstance(item, Mapping) or not isinstance(item, Iterable):
             items.append(item)
         else:

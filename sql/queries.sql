@@ -13,24 +13,33 @@
 SELECT * FROM enqueue_run(%(connection_id)s, %(workspace_id)s, %(trigger)s, %(max_attempts)s);
 
 -- name: claim_run
--- Claims the oldest claimable run (see claim_run() in 0002_queue_functions.sql) and returns it
+-- Claims the oldest claimable run this worker can execute (see claim_run() in
+-- 0005_worker_providers_and_repairs.sql: a sync only of a provider in `providers`) and returns it
 -- with what the executor needs of its connection and its tables' cursors, in one round trip.
 SELECT r.*, c.name AS connection_name, c.status AS connection_status, c.config,
        c.credentials,
        (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
          WHERE s.connection_id = r.connection_id AND s.cursor IS NOT NULL) AS cursors
-  FROM claim_run(%(worker_id)s, %(lease)s) r
+  FROM claim_run(%(worker_id)s, %(lease)s, %(providers)s::text[]) r
   LEFT JOIN connections c ON c.id = r.connection_id;
 
 -- name: renew_lease
--- Extends the lease of a run this claim still owns. Zero rows: the lease is lost (it expired,
--- or another worker claimed the run) and the worker must stop the run at once. An expired lease
--- is never revived: the limiter already treats it as free.
-UPDATE connection_runs
-   SET lease_expires_at = now() + %(lease)s
- WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-   AND lease_expires_at > now()
-RETURNING lease_expires_at;
+-- Extends the lease of a run this claim still owns, and notes it on the attempt's history row.
+-- Zero rows: the lease is lost (it expired, or another worker claimed the run) and the worker
+-- must stop the run at once. An expired lease is never revived: the limiter already treats it
+-- as free.
+WITH renewed AS (
+    UPDATE connection_runs
+       SET lease_expires_at = now() + %(lease)s
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+    RETURNING lease_owner, lease_expires_at
+), noted AS (
+    UPDATE run_attempts a SET lease_expires_at = renewed.lease_expires_at
+      FROM renewed
+     WHERE a.lease_owner = renewed.lease_owner
+)
+SELECT lease_expires_at FROM renewed;
 
 -- name: read_run_control
 -- What the lease keeper polls: no row means the lease is lost; cancel_requested means stop;
@@ -66,8 +75,9 @@ SELECT c.credentials FROM connections c, fence
    FOR UPDATE OF c;
 
 -- name: lock_connection_credentials
--- The API's side of the same lock, for a user giving a connection new credentials.
-SELECT credentials, provider, config FROM connections
+-- The API's side of the same lock, for a user giving a connection new credentials or
+-- repairing it.
+SELECT credentials, provider, config, workspace_id, status, budget_key FROM connections
  WHERE id = %(connection_id)s
    AND (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s)
    AND status <> 'deleting'
@@ -97,14 +107,16 @@ SELECT f.sealed, (f.claimed).*, c.name AS connection_name,
        (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
          WHERE s.connection_id = (f.claimed).connection_id AND s.cursor IS NOT NULL) AS cursors
   FROM finish_and_claim(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
-                        %(processed_units)s, %(disconnect)s, %(worker_id)s, %(lease)s) f
+                        %(processed_units)s, %(disconnect)s, %(worker_id)s, %(lease)s,
+                        %(providers)s::text[]) f
   LEFT JOIN connections c ON c.id = (f.claimed).connection_id;
 
 -- name: requeue_run
 -- Hands a failed attempt's run back to the queue as the same row, due after the delay, keeping
--- its attempts and per-table results. Re-checks the world in the same statement: if the
--- connection is no longer active (a sync) or a cancel was requested, the run ends cancelled
--- instead. Fenced. Returns the status the run ended in, or no row when the lease is lost.
+-- its attempts and per-table results (the run's totals; the attempt's history row gets its own
+-- counts). Re-checks the world in the same statement: if the connection is no longer active (a
+-- sync) or a cancel was requested, the run ends cancelled instead. Fenced. Returns the status
+-- the run ended in, or no row when the lease is lost.
 WITH run AS (
     SELECT r.id,
            r.cancel_requested_at IS NULL
@@ -129,8 +141,50 @@ WITH run AS (
     RETURNING r.status
 ), attempt AS (
     UPDATE run_attempts a
-       SET finished_at = clock_timestamp(), error = %(error)s, results = %(results)s,
+       SET finished_at = clock_timestamp(), error = %(error)s, results = %(attempt_results)s,
            outcome = CASE WHEN moved.status = 'queued' THEN 'retry' ELSE 'cancelled' END
+      FROM moved
+     WHERE a.lease_owner = %(lease_owner)s
+), woken AS (
+    SELECT pg_notify(notify_channel(), 'finished') FROM moved
+)
+SELECT moved.status, (SELECT count(*) FROM woken) AS woken FROM moved;
+
+-- name: wait_for_rate_limit
+-- Waiting is not failing: hands a rate-limited run back to the queue, due when the provider's
+-- budget is free again, without spending an attempt (attempts - 1, as a hand-back), and counts
+-- the wait on the run; the attempt's history row says what it waited for and until when. The
+-- caller has checked the run's deadline. Re-checks the world like requeue_run: a connection no
+-- longer active or a cancel request ends the run cancelled instead. Fenced.
+WITH run AS (
+    SELECT r.id,
+           r.cancel_requested_at IS NULL
+           AND EXISTS (SELECT 1 FROM connections c
+                        WHERE c.id = r.connection_id AND c.status = 'active') AS may_retry,
+           now() + make_interval(secs => %(delay_seconds)s) AS until
+      FROM connection_runs r
+     WHERE r.id = %(run_id)s AND r.lease_owner = %(lease_owner)s AND r.status = 'running'
+       AND r.lease_expires_at > now()
+       FOR NO KEY UPDATE
+), moved AS (
+    UPDATE connection_runs r
+       SET status = CASE WHEN run.may_retry THEN 'queued' ELSE 'cancelled' END,
+           attempts = CASE WHEN run.may_retry THEN r.attempts - 1 ELSE r.attempts END,
+           waits = r.waits + CASE WHEN run.may_retry THEN 1 ELSE 0 END,
+           queued_at = CASE WHEN run.may_retry THEN run.until ELSE r.queued_at END,
+           waiting_for = CASE WHEN run.may_retry THEN %(waiting_for)s ELSE NULL END,
+           waiting_until = CASE WHEN run.may_retry THEN run.until ELSE NULL END,
+           finished_at = CASE WHEN run.may_retry THEN NULL ELSE now() END,
+           lease_owner = NULL, lease_expires_at = NULL,
+           results = %(results)s, error = %(error)s
+      FROM run
+     WHERE r.id = run.id
+    RETURNING r.status, r.waiting_until
+), attempt AS (
+    UPDATE run_attempts a
+       SET finished_at = clock_timestamp(), error = %(error)s, results = %(attempt_results)s,
+           outcome = CASE WHEN moved.status = 'queued' THEN 'rate_limited' ELSE 'cancelled' END,
+           waiting_for = %(waiting_for)s, waiting_until = moved.waiting_until
       FROM moved
      WHERE a.lease_owner = %(lease_owner)s
 ), woken AS (
@@ -140,7 +194,7 @@ SELECT moved.status, (SELECT count(*) FROM woken) AS woken FROM moved;
 
 -- name: hand_back_run
 -- Graceful shutdown: returns the run to the queue at once without spending an attempt, keeping
--- the per-table results gathered so far. Fenced.
+-- the per-table results gathered so far (the attempt's history row gets its own). Fenced.
 WITH moved AS (
     UPDATE connection_runs
        SET status = 'queued', attempts = attempts - 1, queued_at = now(),
@@ -150,7 +204,8 @@ WITH moved AS (
     RETURNING id
 ), attempt AS (
     UPDATE run_attempts
-       SET finished_at = clock_timestamp(), outcome = 'handed_back', results = %(results)s
+       SET finished_at = clock_timestamp(), outcome = 'handed_back',
+           results = %(attempt_results)s
      WHERE lease_owner = %(lease_owner)s AND EXISTS (SELECT 1 FROM moved)
 ), woken AS (
     SELECT pg_notify(notify_channel(), 'enqueued') FROM moved
@@ -158,13 +213,26 @@ WITH moved AS (
 SELECT (SELECT count(*) FROM moved) AS moved, (SELECT count(*) FROM woken) AS woken;
 
 -- name: save_results
--- Stores the per-table results gathered so far on the run, so a crash or cancel keeps them.
--- Fenced.
-UPDATE connection_runs
-   SET results = %(results)s
- WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-   AND lease_expires_at > now()
-RETURNING id;
+-- Stores the per-table results gathered so far, so a crash or cancel keeps them: the run's
+-- totals on the run, this attempt's own counts on its history row. Fenced.
+WITH saved AS (
+    UPDATE connection_runs
+       SET results = %(results)s
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+    RETURNING id
+), attempt AS (
+    UPDATE run_attempts SET results = %(attempt_results)s
+     WHERE lease_owner = %(lease_owner)s AND EXISTS (SELECT 1 FROM saved)
+)
+SELECT id FROM saved;
+
+-- name: record_attempt_results
+-- Sent with the finish in one round trip (finish_run writes the run's totals on the attempt's
+-- history row too): puts the attempt's own counts there instead, once the attempt has ended. It
+-- matches only the history row of this attempt (its lease owner is unique to it).
+UPDATE run_attempts SET results = %(attempt_results)s
+ WHERE lease_owner = %(lease_owner)s AND finished_at IS NOT NULL;
 
 -- name: cancel_run
 -- A queued run is cancelled at once; a running one gets cancel_requested_at and its worker ends
@@ -237,20 +305,23 @@ SELECT (SELECT count(*) FROM advanced) AS due, (SELECT count(*) FROM queued) AS 
        (SELECT count(*) FROM woken) AS woken;
 
 -- name: write_record_batch
--- Writes one batch of a table's records. Unchanged rows are filtered out by comparing content
--- hashes in one indexed join *before* the upsert, so they are never locked, rewritten or logged.
--- New, changed and tombstoned-then-seen-again rows are upserted; the keys of unchanged rows go to
--- run_seen_keys for the tombstone anti-join. Fenced by the progress update of the run row.
--- The arrays travel in binary (the `b` placeholders): text-format quoting of a thousand 1 KB
--- strings costs more than the rest of the write. The lookup is a LATERAL probe with LIMIT 1, so
--- it stays one index probe per incoming key whatever the statistics say (a hash join over all
--- of a connection's rows, once per batch, is what an unanalysed table invites).
+-- Writes one batch of a table's records and, in the same transaction, the checkpoint of the
+-- slice (table and partition) they belong to: its read position, counts and whether it is done.
+-- A position therefore never commits before the records it covers. Unchanged rows are filtered
+-- out by comparing content hashes in one indexed join *before* the upsert, so they are never
+-- locked, rewritten or logged. New, changed, tombstoned-then-seen-again rows, rows read from
+-- another partition and rows an earlier listing missed are upserted; the keys of unchanged rows
+-- go to run_seen_keys (per run) for the tombstone anti-join. Fenced by the progress update of
+-- the run row. The arrays travel in binary (the `b` placeholders): text-format quoting of a
+-- thousand 1 KB strings costs more than the rest of the write. The lookup is a LATERAL probe
+-- with LIMIT 1, so it stays one index probe per incoming key whatever the statistics say.
 WITH async AS (
     -- An intermediate write of a run: see "Durability" in docs/architecture.md.
     SELECT set_config('synchronous_commit', 'off', true)
 ), fence AS (
     UPDATE connection_runs
-       SET processed_units = processed_units + cardinality(%(external_ids)b::text[])
+       SET processed_units = processed_units + cardinality(%(external_ids)b::text[]),
+           progress = %(progress)s, total_units = %(total_units)s
      WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
        AND lease_expires_at > now()
     RETURNING id
@@ -260,41 +331,127 @@ WITH async AS (
            AS i(external_id, data, content_hash)
 ), compared AS (
     SELECT i.external_id, i.data, i.content_hash,
-           coalesce(s.content_hash = i.content_hash AND s.deleted_at IS NULL, false)
+           coalesce(s.content_hash = i.content_hash AND s.deleted_at IS NULL
+                    AND s.missed_by IS NULL
+                    AND s.partition IS NOT DISTINCT FROM %(partition)s::text, false)
            AS unchanged
       FROM incoming i
       LEFT JOIN LATERAL (
-          SELECT content_hash, deleted_at FROM records
+          SELECT content_hash, deleted_at, missed_by, partition FROM records
            WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s
              AND external_id = i.external_id
            LIMIT 1
       ) s ON true
 ), written AS (
     INSERT INTO records AS r (connection_id, table_name, external_id, data, content_hash,
-                              written_by)
+                              written_by, partition)
     SELECT %(connection_id)s, %(table_name)s, external_id, data::jsonb, content_hash,
-           %(lease_owner)s
+           %(lease_owner)s, %(partition)s::text
       FROM compared
      WHERE NOT unchanged AND EXISTS (SELECT 1 FROM fence)
     ON CONFLICT (connection_id, table_name, external_id) DO UPDATE
        SET data = EXCLUDED.data, content_hash = EXCLUDED.content_hash, updated_at = now(),
-           deleted_at = NULL, written_by = EXCLUDED.written_by
+           deleted_at = NULL, written_by = EXCLUDED.written_by,
+           partition = EXCLUDED.partition, missed_by = NULL
     RETURNING 1
 ), seen AS (
-    INSERT INTO run_seen_keys (lease_owner, table_name, external_id)
-    SELECT %(lease_owner)s, %(table_name)s, external_id
+    INSERT INTO run_seen_keys (run_id, table_name, external_id)
+    SELECT %(run_id)s, %(table_name)s, external_id
       FROM compared
      WHERE unchanged AND %(track_seen)s AND EXISTS (SELECT 1 FROM fence)
+    RETURNING 1
+), checkpoint AS (
+    INSERT INTO run_checkpoints AS c (run_id, table_name, partition, position, done, resync,
+                                      pages, records, total, seen, first_attempt)
+    SELECT %(run_id)s, %(table_name)s, %(slice)s, %(position)s, %(done)s, %(resync)s,
+           %(pages)s, cardinality(%(external_ids)b::text[]), %(total)s,
+           (SELECT count(*) FROM seen),
+           (SELECT a.id FROM run_attempts a WHERE a.lease_owner = %(lease_owner)s)
+      FROM fence
+    ON CONFLICT (run_id, table_name, partition) DO UPDATE
+       SET position = EXCLUDED.position, done = EXCLUDED.done,
+           resync = c.resync OR EXCLUDED.resync, pages = EXCLUDED.pages,
+           records = c.records + EXCLUDED.records, total = coalesce(EXCLUDED.total, c.total),
+           seen = c.seen + EXCLUDED.seen, updated_at = now()
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM async) AS async,
        (SELECT count(*) FROM written) AS upserted,
        (SELECT count(*) FROM seen) AS seen,
+       (SELECT count(*) FROM checkpoint) AS checkpointed,
        (SELECT count(*) FROM compared WHERE unchanged) AS unchanged;
 
+-- name: save_checkpoint
+-- A slice's checkpoint with no batch to ride on: its position or its end, when every record it
+-- covers was written by the batches before (the caller waits for the one in flight). Fenced.
+WITH async AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+), fence AS (
+    UPDATE connection_runs
+       SET progress = %(progress)s, total_units = %(total_units)s
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+    RETURNING id
+), checkpoint AS (
+    INSERT INTO run_checkpoints AS c (run_id, table_name, partition, position, done, resync,
+                                      pages, total, first_attempt)
+    SELECT %(run_id)s, %(table_name)s, %(slice)s, %(position)s, %(done)s, %(resync)s,
+           %(pages)s, %(total)s,
+           (SELECT a.id FROM run_attempts a WHERE a.lease_owner = %(lease_owner)s)
+      FROM fence
+    ON CONFLICT (run_id, table_name, partition) DO UPDATE
+       SET position = EXCLUDED.position, done = EXCLUDED.done,
+           resync = c.resync OR EXCLUDED.resync, pages = EXCLUDED.pages,
+           total = coalesce(EXCLUDED.total, c.total), updated_at = now()
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM async) AS async,
+       (SELECT count(*) FROM checkpoint) AS checkpointed;
+
+-- name: run_checkpoints
+-- Where an earlier attempt of this run left each slice of its tables. Read when an attempt
+-- starts on a run that has written before (processed_units > 0).
+SELECT table_name, partition, position, done, resync, pages, records, total, seen
+  FROM run_checkpoints WHERE run_id = %(run_id)s;
+
+-- name: check_seen_keys
+-- Whether the seen keys this run saved for a table are all still there: run_seen_keys is
+-- unlogged, and a crash restart of Postgres empties it. `saved` is what the checkpoints counted
+-- in the batches' own transactions; `present` what the table holds now.
+SELECT (SELECT coalesce(sum(seen), 0) FROM run_checkpoints
+         WHERE run_id = %(run_id)s AND table_name = %(table_name)s) AS saved,
+       (SELECT count(*) FROM run_seen_keys
+         WHERE run_id = %(run_id)s AND table_name = %(table_name)s) AS present;
+
+-- name: reset_table_checkpoints
+-- Forgets how far this run read a table (or one partition of it), so it is read again from its
+-- start and only what that read sees counts for its tombstones: its seen keys were lost, or the
+-- connector gives no position to resume from. The table's seen keys go with a whole table; a
+-- partition's stay (they can only keep rows, never tombstone one). Fenced.
+WITH fence AS (
+    SELECT id FROM connection_runs
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+       FOR SHARE
+), checkpoints AS (
+    DELETE FROM run_checkpoints
+     WHERE run_id = %(run_id)s AND table_name = %(table_name)s
+       AND (%(partition)s::text IS NULL OR partition = %(partition)s::text)
+       AND EXISTS (SELECT 1 FROM fence)
+    RETURNING 1
+), keys AS (
+    DELETE FROM run_seen_keys
+     WHERE run_id = %(run_id)s AND table_name = %(table_name)s AND %(partition)s::text IS NULL
+       AND EXISTS (SELECT 1 FROM fence)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM checkpoints) AS slices,
+       (SELECT count(*) FROM keys) AS keys;
+
 -- name: tombstone_ids
--- Tombstones the rows an incremental table reports deleted upstream. Fenced; committed
--- asynchronously like every intermediate write of a run.
+-- Tombstones rows known deleted upstream: reported by an incremental table, or confirmed one by
+-- one by the connector of a table whose listing can shift. Fenced; committed asynchronously
+-- like every intermediate write of a run. Returns the rows tombstoned per partition.
 WITH async AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ), fence AS (
@@ -308,25 +465,83 @@ WITH async AS (
      WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s
        AND external_id = ANY (%(external_ids)b::text[]) AND deleted_at IS NULL
        AND EXISTS (SELECT 1 FROM fence)
+    RETURNING coalesce(partition, '') AS part
+)
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM async) AS async,
+       (SELECT coalesce(jsonb_object_agg(part, n), '{}')
+          FROM (SELECT part, count(*) AS n FROM gone GROUP BY part) counted) AS tombstoned;
+
+-- name: mark_missing
+-- A table whose listing can shift, and whose connector could not confirm these deletions one by
+-- one: a key must be missing from two complete listings before it is tombstoned. Rows an
+-- earlier run's complete listing already missed are tombstoned; the others are marked missed by
+-- this run (a listing that shows them again clears the mark). Fenced.
+WITH async AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+), fence AS (
+    SELECT id FROM connection_runs
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+       FOR SHARE
+), gone AS (
+    UPDATE records
+       SET deleted_at = now(), updated_at = now(), written_by = %(lease_owner)s
+     WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s
+       AND external_id = ANY (%(external_ids)b::text[]) AND deleted_at IS NULL
+       AND missed_by IS NOT NULL AND missed_by <> %(run_id)s
+       AND EXISTS (SELECT 1 FROM fence)
+    RETURNING coalesce(partition, '') AS part
+), marked AS (
+    UPDATE records
+       SET missed_by = %(run_id)s, written_by = %(lease_owner)s
+     WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s
+       AND external_id = ANY (%(external_ids)b::text[]) AND deleted_at IS NULL
+       AND missed_by IS NULL
+       AND EXISTS (SELECT 1 FROM fence)
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM gone) AS tombstoned,
-       (SELECT count(*) FROM async) AS async;
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM async) AS async,
+       (SELECT coalesce(jsonb_object_agg(part, n), '{}')
+          FROM (SELECT part, count(*) AS n FROM gone GROUP BY part) counted) AS tombstoned,
+       (SELECT count(*) FROM marked) AS marked;
 
 -- name: tombstone_unseen
--- One bounded step of a `full` table's tombstone pass, after the table was read completely (see
--- tombstone_unseen() in 0002_queue_functions.sql). Fenced. The last step stamps
--- last_full_sync_at.
+-- One bounded step of a table's tombstone pass, after the table (or some of its partitions) was
+-- read completely in this run (see tombstone_unseen() in 0004_resumable_syncs.sql). Fenced.
 SELECT * FROM tombstone_unseen(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
-                               %(after)s, %(limit)s);
+                               %(partitions)s, %(after)s, %(limit)s);
 
--- name: clear_table_seen_keys
--- Drops the seen keys of one table once its tombstone pass is done. Not fenced: they are this
--- attempt's scratch space, and no one else reads them.
-DELETE FROM run_seen_keys WHERE lease_owner = %(lease_owner)s AND table_name = %(table_name)s;
+-- name: unseen_rows
+-- One bounded step of the same candidates, read only, for a table whose listing can shift: its
+-- connector confirms them before anything is tombstoned (see unseen_rows()).
+SELECT * FROM unseen_rows(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
+                          %(partitions)s, %(after)s, %(limit)s);
+
+-- name: complete_table
+-- The end of a table's tombstone pass: stamps last_full_sync_at when every partition was read
+-- completely, and drops the table's seen keys, which nothing reads any more. Fenced.
+WITH fence AS (
+    SELECT id FROM connection_runs
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+       FOR SHARE
+), stamped AS (
+    INSERT INTO table_state (connection_id, table_name, last_full_sync_at)
+    SELECT %(connection_id)s, %(table_name)s, now() FROM fence WHERE %(stamp)s
+    ON CONFLICT (connection_id, table_name) DO UPDATE
+       SET last_full_sync_at = now(), updated_at = now()
+    RETURNING 1
+), keys AS (
+    DELETE FROM run_seen_keys
+     WHERE run_id = %(run_id)s AND table_name = %(table_name)s AND EXISTS (SELECT 1 FROM fence)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM stamped) AS stamped,
+       (SELECT count(*) FROM keys) AS cleared;
 
 -- name: save_cursor
--- Saves an incremental table's cursor, after the batch it covers was written. Fenced; committed
+-- Saves an incremental table's cursor (one partition's, inside the table's cursor object, when
+-- a partition is named), after the batch it covers was written. Fenced; committed
 -- asynchronously: the WAL keeps it after its batch, so a crash can lose the cursor but never
 -- keep it without its records.
 WITH async AS (
@@ -337,24 +552,30 @@ WITH async AS (
        AND lease_expires_at > now()
        FOR SHARE
 )
-INSERT INTO table_state (connection_id, table_name, cursor)
-SELECT %(connection_id)s, %(table_name)s, %(cursor)s FROM fence, async
+INSERT INTO table_state AS s (connection_id, table_name, cursor)
+SELECT %(connection_id)s, %(table_name)s,
+       CASE WHEN %(partition)s::text IS NULL THEN %(cursor)s::jsonb
+            ELSE jsonb_build_object(%(partition)s::text, %(cursor)s::jsonb) END
+  FROM fence, async
 ON CONFLICT (connection_id, table_name) DO UPDATE
-   SET cursor = EXCLUDED.cursor, updated_at = now()
+   SET cursor = CASE WHEN %(partition)s::text IS NULL THEN EXCLUDED.cursor
+                     WHEN jsonb_typeof(s.cursor) = 'object' THEN s.cursor || EXCLUDED.cursor
+                     ELSE EXCLUDED.cursor END,
+       updated_at = now()
 RETURNING 1;
 
 -- name: clear_seen_keys
--- Drops the seen keys an attempt left behind (a table that failed part-way). Only the owner of
--- the keys calls this; sweep_seen_keys collects those of attempts that died.
-DELETE FROM run_seen_keys WHERE lease_owner = %(lease_owner)s;
+-- Drops the seen keys a finished run left behind (a table that did not complete). Only the run's
+-- own worker calls this; sweep_seen_keys collects those of runs whose worker died.
+DELETE FROM run_seen_keys WHERE run_id = %(run_id)s;
 
 -- name: sweep_seen_keys
--- Deletes, in a bounded batch, seen keys of attempts that are no longer running (crashed or
--- lost workers never cleared theirs).
+-- Deletes, in a bounded batch, seen keys of runs that have ended (or were deleted): a run that
+-- waits in the queue keeps its keys for its next attempt.
 WITH stale AS (
     SELECT k.ctid FROM run_seen_keys k
      WHERE NOT EXISTS (SELECT 1 FROM connection_runs r
-                        WHERE r.lease_owner = k.lease_owner AND r.status = 'running')
+                        WHERE r.id = k.run_id AND r.status IN ('queued', 'running'))
      LIMIT %(limit)s
 )
 DELETE FROM run_seen_keys k USING stale WHERE k.ctid = stale.ctid;
@@ -398,31 +619,142 @@ WITH fence AS (
 )
 SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM gone) AS deleted;
 
--- name: heartbeat
--- A worker's heartbeat: registers it on first call and says what it is running.
-INSERT INTO workers (id, hostname, pid, version, current_run_id)
-VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(version)s, %(current_run_id)s)
+-- name: register_worker
+-- A worker start records its own incarnation: process, host, version, start time and the
+-- providers it can run. Invariant: one live incarnation per worker id. The row of an earlier
+-- incarnation is taken over only if that one stopped, went stale (no heartbeat for
+-- stale_seconds), or is the dead process the caller named (same host, a pid no longer running);
+-- otherwise nothing is returned and the start is refused. Two starts racing for one dead row:
+-- the first rewrites it, the second's condition no longer holds.
+INSERT INTO workers (id, hostname, pid, version, providers, incarnation)
+VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(version)s, %(providers)s::text[],
+        %(incarnation)s)
 ON CONFLICT (id) DO UPDATE
-   SET heartbeat_at = now(), current_run_id = EXCLUDED.current_run_id, stopped_at = NULL;
+   SET hostname = EXCLUDED.hostname, pid = EXCLUDED.pid, version = EXCLUDED.version,
+       providers = EXCLUDED.providers, incarnation = EXCLUDED.incarnation,
+       started_at = now(), heartbeat_at = now(), stopped_at = NULL, current_run_id = NULL
+ WHERE workers.stopped_at IS NOT NULL
+    OR workers.heartbeat_at < now() - make_interval(secs => %(stale_seconds)s)
+    OR (%(dead_pid)s::integer IS NOT NULL
+        AND workers.hostname = EXCLUDED.hostname AND workers.pid = %(dead_pid)s
+        AND workers.incarnation IS NOT DISTINCT FROM %(dead_incarnation)s::uuid)
+RETURNING incarnation;
+
+-- name: heartbeat
+-- A worker's heartbeat: says it is alive and what it is running. Invariant: only the
+-- incarnation that owns the row beats for it; no row back means another process took the id
+-- over (this one was stale), and this one must stop. A row deleted meanwhile is written again.
+INSERT INTO workers (id, hostname, pid, version, providers, incarnation, current_run_id)
+VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(version)s, %(providers)s::text[],
+        %(incarnation)s, %(current_run_id)s)
+ON CONFLICT (id) DO UPDATE
+   SET heartbeat_at = now(), current_run_id = EXCLUDED.current_run_id
+ WHERE workers.incarnation = EXCLUDED.incarnation
+RETURNING 1 AS beat;
 
 -- name: worker_stopped
-UPDATE workers SET stopped_at = now(), current_run_id = NULL WHERE id = %(worker_id)s;
+-- Records a worker's stop. Invariant: one incarnation's stop never marks another stopped.
+UPDATE workers SET stopped_at = now(), current_run_id = NULL
+ WHERE id = %(worker_id)s AND incarnation = %(incarnation)s;
+
+-- name: get_worker
+SELECT w.*, now() - w.heartbeat_at AS since_heartbeat FROM workers w WHERE w.id = %(worker_id)s;
+
+-- name: queued_runs_without_worker
+-- Queued syncs that no live worker can take, by provider: no live worker (one that heartbeated
+-- within stale_seconds and has not stopped) has that provider installed. A worker of an older
+-- version (providers NULL) takes any. Reads only the claimable partial index's runs.
+SELECT r.provider, count(*) AS runs, min(r.id) AS oldest_run
+  FROM connection_runs r
+ WHERE r.status = 'queued' AND r.kind = 'sync'
+   AND (%(workspace_id)s::bigint IS NULL OR r.workspace_id = %(workspace_id)s)
+   AND NOT EXISTS (SELECT 1 FROM workers w
+                    WHERE w.stopped_at IS NULL
+                      AND w.heartbeat_at > now() - make_interval(secs => %(stale_seconds)s)
+                      AND (w.providers IS NULL OR r.provider = ANY (w.providers)))
+ GROUP BY r.provider
+ ORDER BY r.provider;
 
 -- name: create_workspace
 INSERT INTO workspaces (name) VALUES (%(name)s) RETURNING *;
 
 -- name: list_workspaces
-SELECT * FROM workspaces ORDER BY id;
+-- Workspaces that are not deleted, and deleted ones whose connections are still being purged.
+SELECT w.*, (SELECT count(*) FROM connections c WHERE c.workspace_id = w.id) AS connections
+  FROM workspaces w
+ WHERE w.deleted_at IS NULL
+    OR EXISTS (SELECT 1 FROM connections c WHERE c.workspace_id = w.id)
+ ORDER BY w.id;
 
--- name: get_workspace
-SELECT * FROM workspaces WHERE id = %(workspace_id)s OR name = %(name)s ORDER BY id LIMIT 1;
+-- name: get_workspace_by_id
+-- A reference made of digits is an id, and only an id: it never matches a name.
+SELECT w.*, (SELECT count(*) FROM connections c WHERE c.workspace_id = w.id) AS connections
+  FROM workspaces w
+ WHERE w.id = %(workspace_id)s;
+
+-- name: get_workspace_by_name
+-- Any other reference is a name; a deleted workspace's name may be taken again, so only a
+-- workspace that is not deleted answers to it.
+SELECT w.*, (SELECT count(*) FROM connections c WHERE c.workspace_id = w.id) AS connections
+  FROM workspaces w
+ WHERE w.name = %(name)s AND w.deleted_at IS NULL;
+
+-- name: rename_workspace
+UPDATE workspaces SET name = %(name)s
+ WHERE id = %(workspace_id)s AND deleted_at IS NULL
+RETURNING *;
+
+-- name: mark_workspace_deleted
+-- The first step of deleting a workspace, in the transaction that then deletes each of its
+-- connections. FOR UPDATE conflicts with the KEY SHARE lock create_connection takes, so a
+-- connection is either created before (and deleted here) or refused after.
+WITH locked AS (
+    SELECT id FROM workspaces WHERE id = %(workspace_id)s FOR UPDATE
+)
+UPDATE workspaces w SET deleted_at = coalesce(w.deleted_at, now())
+  FROM locked
+ WHERE w.id = locked.id
+RETURNING w.*;
+
+-- name: connections_of_workspace
+SELECT id FROM connections WHERE workspace_id = %(workspace_id)s ORDER BY id;
 
 -- name: create_connection
+-- Creates a connection in a workspace that is not deleted. The KEY SHARE lock waits for a
+-- workspace delete in progress, then sees it deleted (see mark_workspace_deleted).
 INSERT INTO connections (workspace_id, name, provider, config, credentials, budget_key,
                          schedule_every, next_run_at)
-VALUES (%(workspace_id)s, %(name)s, %(provider)s, %(config)s, %(credentials)s, %(budget_key)s,
-        make_interval(secs => %(schedule_seconds)s),
-        CASE WHEN %(schedule_seconds)s::float8 IS NULL THEN NULL ELSE now() END)
+SELECT w.id, %(name)s, %(provider)s, %(config)s, %(credentials)s, %(budget_key)s,
+       make_interval(secs => %(schedule_seconds)s),
+       CASE WHEN %(schedule_seconds)s::float8 IS NULL THEN NULL ELSE now() END
+  FROM workspaces w
+ WHERE w.id = %(workspace_id)s AND w.deleted_at IS NULL
+   FOR KEY SHARE
+RETURNING *;
+
+-- name: update_connection
+-- An operator's repair of a connection, under the row lock of lock_connection_credentials: a
+-- new name, config, credentials (a disconnected connection given new ones is active again) or
+-- schedule. A new schedule never pushes the next run later than the new interval from now; a
+-- connection that had no schedule is due at once, as a new one is.
+UPDATE connections
+   SET name = coalesce(%(name)s, name),
+       config = coalesce(%(config)s, config),
+       credentials = CASE WHEN %(set_credentials)s THEN %(credentials)s ELSE credentials END,
+       budget_key = %(budget_key)s,
+       status = CASE WHEN status = 'disconnected' AND %(set_credentials)s THEN 'active'
+                     ELSE status END,
+       schedule_every = CASE WHEN %(set_schedule)s
+                             THEN make_interval(secs => %(schedule_seconds)s)
+                             ELSE schedule_every END,
+       next_run_at = CASE WHEN NOT %(set_schedule)s THEN next_run_at
+                          WHEN %(schedule_seconds)s::float8 IS NULL THEN NULL
+                          WHEN schedule_every IS NULL OR next_run_at IS NULL THEN now()
+                          ELSE least(next_run_at,
+                                     now() + make_interval(secs => %(schedule_seconds)s))
+                     END,
+       updated_at = now()
+ WHERE id = %(connection_id)s
 RETURNING *;
 
 -- name: list_connections
@@ -436,24 +768,27 @@ SELECT * FROM connections
    AND (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s);
 
 -- name: set_connection_status
--- Pause, resume or disconnect. A deleting connection never changes status again; resuming
--- restarts its schedule from now.
+-- Pause or resume, only from the statuses given: a deleting connection never changes status
+-- again, and a disconnected one is resumed only when the caller says so (its credentials were
+-- refused). Resuming restarts its schedule from now.
 UPDATE connections
    SET status = %(status)s, updated_at = now(),
        next_run_at = CASE WHEN %(status)s = 'active' AND schedule_every IS NOT NULL
                           THEN now() ELSE next_run_at END
  WHERE id = %(connection_id)s
    AND (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s)
-   AND status <> 'deleting'
+   AND status = ANY (%(from_statuses)s::text[])
 RETURNING *;
 
 -- name: delete_connection
 SELECT * FROM delete_connection(%(connection_id)s, %(workspace_id)s, %(max_attempts)s);
 
 -- name: list_runs
+-- Newest first. A connection's runs are found by its id after it was deleted too.
 SELECT * FROM connection_runs
  WHERE (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s)
-   AND (%(connection_id)s::bigint IS NULL OR connection_id = %(connection_id)s)
+   AND (%(connection_id)s::bigint IS NULL OR connection_id = %(connection_id)s
+        OR deleted_connection_id = %(connection_id)s)
    AND (%(status)s::text IS NULL OR status = %(status)s)
  ORDER BY id DESC
  LIMIT %(limit)s;
@@ -486,10 +821,40 @@ SELECT r.table_name, r.external_id, r.data, r.first_seen_at, r.updated_at, r.del
  LIMIT %(limit)s;
 
 -- name: make_run_due
--- Tests only (sync.testing): a run queued for a later retry becomes due now.
-UPDATE connection_runs SET queued_at = now()
- WHERE id = %(run_id)s AND status = 'queued' AND queued_at > now()
-RETURNING id;
+-- Tests only (sync.testing): a run queued for a later retry or waiting for a rate limit becomes
+-- due now, and the rate budget it waits for is free now, as if its time had come.
+WITH due AS (
+    UPDATE connection_runs SET queued_at = now()
+     WHERE id = %(run_id)s AND status = 'queued' AND queued_at > now()
+    RETURNING id, budget_key
+), lifted AS (
+    UPDATE rate_budgets b SET blocked_until = now()
+      FROM due
+     WHERE b.key = due.budget_key AND b.blocked_until > now()
+    RETURNING 1
+)
+SELECT id, (SELECT count(*) FROM lifted) AS lifted FROM due;
+
+-- name: cached_response
+-- The response a connection last got with an ETag from a URL, for a conditional request.
+SELECT etag, headers, body FROM http_cache
+ WHERE connection_id = %(connection_id)s AND url_hash = %(url_hash)s;
+
+-- name: store_response
+-- Keeps a response that came with an ETag, for the next conditional request to the same URL.
+-- Fenced like every write a run makes.
+WITH fence AS (
+    SELECT id FROM connection_runs
+     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+       FOR SHARE
+)
+INSERT INTO http_cache (connection_id, url_hash, etag, headers, body)
+SELECT %(connection_id)s, %(url_hash)s, %(etag)s, %(headers)s, %(body)s FROM fence
+ON CONFLICT (connection_id, url_hash) DO UPDATE
+   SET etag = EXCLUDED.etag, headers = EXCLUDED.headers, body = EXCLUDED.body,
+       stored_at = now()
+RETURNING 1;
 
 -- name: credentials_to_rotate
 -- One batch of connections with credentials, after a given id, locked for re-encryption.
@@ -598,3 +963,9 @@ SELECT (SELECT coalesce(jsonb_agg(to_jsonb(live)), '[]') FROM live) AS live,
        (SELECT to_jsonb(queue) FROM queue) AS queue,
        (SELECT coalesce(jsonb_agg(to_jsonb(records)), '[]') FROM records) AS records,
        (SELECT coalesce(jsonb_object_agg(state, count), '{}') FROM workers) AS workers;
+
+-- name: last_complete_passes
+-- When each table of a connection was last read completely (and tombstoned), to decide whether
+-- an incremental table with a periodic complete pass is due one.
+SELECT table_name, last_full_sync_at FROM table_state
+ WHERE connection_id = %(connection_id)s AND last_full_sync_at IS NOT NULL;

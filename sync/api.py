@@ -1,9 +1,11 @@
 """The Python API for applications and operators.
 
 ``Engine`` opens the database (``DATABASE_URL``, or the embedded default) and does everything an
-application needs: workspaces, connections, sync now, cancel, retry, delete, read runs. An
-``Engine`` scoped to a workspace (``engine.scoped(workspace_id)``) can only see and change that
-workspace's connections and runs: every statement it sends carries the workspace id.
+application needs: workspaces, connections, sync now, cancel, retry, delete, read runs, and the
+repairs an operator makes (new credentials, config or schedule, a renamed or deleted workspace,
+re-encrypted secrets). An ``Engine`` scoped to a workspace (``engine.scoped(workspace_id)``) can
+only see and change that workspace's connections and runs: every statement it sends carries the
+workspace id.
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
 import connectors
+from connectors.base import Connector
 from sync import redact
-from sync.db import Pool, open_pool
-from sync.embedded import embedded_url
+from sync.db import Pool, describe, open_pool
+from sync.embedded import data_dir, embedded_url
 from sync.errors import Conflict, InvalidInput, NotFound, describe_validation_error
 from sync.executor import budget_key_of
 from sync.migrations import Migration, check_schema, grant, migrate
 from sync.models import Attempt, Connection, Record, Run, WorkerInfo, Workspace
+from sync.names import check_name, check_workspace_name, workspace_ref
 from sync.overview import (
     STALE_HEARTBEATS,
     ConnectionOverview,
@@ -53,8 +57,9 @@ class Engine:
     ) -> None:
         redact.install()
         self.settings = settings or Settings()
-        self.url = database_url or self.settings.database_url or embedded_url(self.settings.home)
         self.embedded = not (database_url or self.settings.database_url)
+        self.database = describe_database(self.settings, database_url)
+        self.url = database_url or self.settings.database_url or embedded_url(self.settings.home)
         self.pool: Pool = open_pool(self.settings, self.url, size=pool_size)
         self._secrets: SecretBox | None = None
         self._workspace_id: int | None = None
@@ -99,8 +104,9 @@ class Engine:
     # -- workspaces ------------------------------------------------------------------------
 
     def create_workspace(self, name: str) -> Workspace:
-        if not name.strip():
-            raise InvalidInput("a workspace needs a name")
+        """A new workspace. Its name is unique, at most 200 characters, and not made of digits
+        alone (a reference made of digits is an id)."""
+        check_workspace_name(name)
         try:
             row = self._one(QUERIES.create_workspace, name=name)
         except psycopg.errors.UniqueViolation:
@@ -108,16 +114,62 @@ class Engine:
         return Workspace.from_row(row)
 
     def workspaces(self) -> list[Workspace]:
+        """The workspaces, and deleted ones whose connections are still being purged."""
         rows = self._all(QUERIES.list_workspaces)
         return [Workspace.from_row(r) for r in rows if self._sees(r["id"])]
 
     def workspace(self, ref: int | str) -> Workspace:
-        """A workspace by id or name."""
-        as_id = int(ref) if isinstance(ref, int) or str(ref).isdigit() else None
-        row = self._maybe(QUERIES.get_workspace, workspace_id=as_id, name=str(ref))
+        """A workspace by reference: an int, or a string of the digits 0-9, is an id (a
+        deleted workspace too); anything else is the name of a workspace that is not deleted."""
+        key = workspace_ref(ref)
+        if isinstance(key, int):
+            row = self._maybe(QUERIES.get_workspace_by_id, workspace_id=key)
+            missing = f"no workspace with id {key}"
+        else:
+            row = self._maybe(QUERIES.get_workspace_by_name, name=key)
+            missing = f"no workspace named {key!r}"
         if row is None or not self._sees(row["id"]):
-            raise NotFound(f"no workspace {ref!r}; list them with `connector-sync workspaces list`")
+            raise NotFound(f"{missing}; list them with `connector-sync workspaces list`")
         return Workspace.from_row(row)
+
+    def rename_workspace(self, ref: int | str, name: str) -> Workspace:
+        check_workspace_name(name)
+        current = self.workspace(ref)
+        try:
+            row = self._maybe(QUERIES.rename_workspace, workspace_id=current.id, name=name)
+        except psycopg.errors.UniqueViolation:
+            raise Conflict(f"a workspace named {name!r} already exists") from None
+        if row is None:
+            raise Conflict(f"workspace {current.id} is deleted; it cannot be renamed")
+        return Workspace.from_row(row)
+
+    def delete_workspace(self, ref: int | str) -> list[Run]:
+        """Delete a workspace: it is marked deleted (no connection can be created in it, its
+        name is free again) and each of its connections is deleted as
+        :meth:`delete_connection` does, in one transaction. Returns the purge runs; the
+        workspace leaves :meth:`workspaces` when the last of them has succeeded. Its runs stay
+        readable by workspace id. Calling it again returns the purges still pending."""
+        if self._workspace_id is not None:
+            raise InvalidInput("a workspace-scoped engine cannot delete its workspace")
+        current = self.workspace(ref)
+        purges = []
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute(QUERIES.mark_workspace_deleted, {"workspace_id": current.id})
+            ids = conn.execute(
+                QUERIES.connections_of_workspace, {"workspace_id": current.id}
+            ).fetchall()
+            for row in ids:
+                purge = conn.execute(
+                    QUERIES.delete_connection,
+                    {
+                        "connection_id": row["id"],
+                        "workspace_id": current.id,
+                        "max_attempts": self.settings.max_attempts,
+                    },
+                ).fetchone()
+                if purge is not None:
+                    purges.append(Run.from_row(purge))
+        return purges
 
     # -- connections -----------------------------------------------------------------------
 
@@ -135,25 +187,15 @@ class Engine:
         against its model: a bad config is refused here, not later inside a run."""
         if self._workspace_id is not None and workspace_id != self._workspace_id:
             raise NotFound(f"no workspace {workspace_id}")
-        try:
-            cls = connectors.get(provider)
-        except connectors.UnknownProvider as exc:
-            raise InvalidInput(str(exc)) from None
-        try:
-            validated = cls.config_model.model_validate(dict(config or {}))
-        except ValidationError as exc:
-            raise InvalidInput(describe_validation_error(exc)) from None
+        check_name(name, "connection")
+        cls = _connector(provider)
+        validated = _valid_config(cls, config or {})
         creds = dict(credentials or {})
         redact.register(creds)
-        seconds = (
-            schedule_every.total_seconds()
-            if isinstance(schedule_every, timedelta)
-            else schedule_every
-        )
-        if seconds is not None and seconds <= 0:
-            raise InvalidInput("schedule_every must be a positive duration")
+        _check_credentials(cls, creds)
+        seconds = _seconds(schedule_every)
         try:
-            row = self._one(
+            row = self._maybe(
                 QUERIES.create_connection,
                 workspace_id=workspace_id,
                 name=name,
@@ -165,17 +207,40 @@ class Engine:
             )
         except psycopg.errors.UniqueViolation:
             raise Conflict(f"workspace {workspace_id} already has a connection {name!r}") from None
-        except psycopg.errors.ForeignKeyViolation:
-            raise NotFound(f"no workspace {workspace_id}") from None
-        except psycopg.errors.CheckViolation:
-            raise InvalidInput("a connection needs a non-empty name") from None
+        if row is None:
+            raise NotFound(f"no workspace {workspace_id} (or it was deleted)")
         return Connection.from_row(row)
 
     def update_credentials(self, connection_id: int, credentials: Mapping[str, Any]) -> Connection:
-        """Give a connection new credentials (a disconnected one becomes active again). Takes
-        the same row lock as a run's token refresh, so the two never interleave."""
-        creds = dict(credentials)
-        redact.register(creds)
+        """Give a connection new credentials (a disconnected one becomes active again)."""
+        return self.update_connection(connection_id, credentials=credentials)
+
+    def update_connection(
+        self,
+        connection_id: int,
+        *,
+        name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        credentials: Mapping[str, Any] | None = None,
+        schedule_every: timedelta | float | None = None,
+        no_schedule: bool = False,
+    ) -> Connection:
+        """Repair a connection; what is not given stays as it is.
+
+        ``config`` is merged into the stored config (a key set to None is removed) and the
+        result must validate against the provider's model. ``credentials`` replace the stored
+        ones whole, are checked against the provider's credentials model, and make a
+        disconnected connection active again. ``schedule_every`` sets the schedule (the next
+        run is then at most that far away); ``no_schedule`` removes it. Takes the same row lock
+        as a run's token refresh, so the two never interleave."""
+        if name is not None:
+            check_name(name, "connection")
+        if no_schedule and schedule_every is not None:
+            raise InvalidInput("give a new schedule or remove it, not both")
+        seconds = _seconds(schedule_every)
+        new_creds = dict(credentials) if credentials is not None else None
+        if new_creds is not None:
+            redact.register(new_creds)
         with self.pool.connection() as conn, conn.transaction():
             row = conn.execute(
                 QUERIES.lock_connection_credentials,
@@ -183,17 +248,40 @@ class Engine:
             ).fetchone()
             if row is None:
                 raise NotFound(f"no connection {connection_id} (or it is being deleted)")
-            cls = connectors.get(row["provider"])
-            config = cls.config_model.model_validate(row["config"])
-            saved = conn.execute(
-                QUERIES.save_credentials,
-                {
-                    "connection_id": connection_id,
-                    "credentials": self.secrets.encrypt(creds),
-                    "budget_key": budget_key_of(cls, row["provider"], config, creds),
-                    "reconnect": True,
-                },
-            ).fetchone()
+            cls = _connector(row["provider"])
+            merged = dict(row["config"])
+            for key, value in (config or {}).items():
+                if value is None:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = value
+            validated = _valid_config(cls, merged)
+            budget_key = row["budget_key"]
+            if new_creds is not None:
+                _check_credentials(cls, new_creds)
+                budget_key = budget_key_of(cls, row["provider"], validated, new_creds)
+            elif config:  # the budget may depend on the config and the stored credentials
+                creds = self.secrets.decrypt(row["credentials"]) if row["credentials"] else {}
+                redact.register(creds)
+                budget_key = budget_key_of(cls, row["provider"], validated, creds)
+            try:
+                saved = conn.execute(
+                    QUERIES.update_connection,
+                    {
+                        "connection_id": connection_id,
+                        "name": name,
+                        "config": Jsonb(validated.model_dump(mode="json")),
+                        "set_credentials": new_creds is not None,
+                        "credentials": self.secrets.encrypt(new_creds) if new_creds else None,
+                        "budget_key": budget_key,
+                        "set_schedule": seconds is not None or no_schedule,
+                        "schedule_seconds": seconds,
+                    },
+                ).fetchone()
+            except psycopg.errors.UniqueViolation:
+                raise Conflict(
+                    f"workspace {row['workspace_id']} already has a connection {name!r}"
+                ) from None
         assert saved is not None
         return Connection.from_row(saved)
 
@@ -234,20 +322,33 @@ class Engine:
         return Connection.from_row(row)
 
     def pause(self, connection_id: int) -> Connection:
-        return self._set_status(connection_id, "paused")
+        """No scheduled or manual syncs until it is resumed."""
+        return self._set_status(connection_id, "paused", ["active", "paused"])
 
-    def resume(self, connection_id: int) -> Connection:
-        return self._set_status(connection_id, "active")
+    def resume(self, connection_id: int, *, force: bool = False) -> Connection:
+        """Resume a paused connection (its schedule restarts from now). A disconnected one (the
+        provider refused its credentials) needs new credentials (:meth:`update_connection`),
+        or ``force`` to try the refused ones again."""
+        allowed = ["paused", "active"] + (["disconnected"] if force else [])
+        return self._set_status(connection_id, "active", allowed)
 
-    def _set_status(self, connection_id: int, status: str) -> Connection:
+    def _set_status(self, connection_id: int, status: str, allowed: list[str]) -> Connection:
         row = self._maybe(
             QUERIES.set_connection_status,
             connection_id=connection_id,
             workspace_id=self._workspace_id,
             status=status,
+            from_statuses=allowed,
         )
         if row is None:
             current = self.connection(connection_id)  # raises NotFound
+            if current.status == "disconnected":
+                raise Conflict(
+                    f"connection {connection_id} is disconnected: the provider refused its "
+                    "credentials; give it new ones (`connector-sync connections update "
+                    f"{connection_id} --credentials @FILE`), or resume it with --force to try "
+                    "the same ones again"
+                )
             raise Conflict(f"connection {connection_id} is {current.status}")
         return Connection.from_row(row)
 
@@ -290,7 +391,9 @@ class Engine:
             run = self.run(run_id)  # raises NotFound
             if run.kind == "purge":
                 raise Conflict(f"run {run_id} is a purge; a purge cannot be cancelled")
-            raise Conflict(f"run {run_id} is {run.status}; only a queued or running run cancels")
+            raise Conflict(
+                f"run {run_id} {_state(run)}; only a queued or running run can be cancelled"
+            )
         return Run.from_row(row)
 
     def retry_run(self, run_id: int) -> Run:
@@ -309,7 +412,7 @@ class Engine:
         if row is None:
             run = self.run(run_id)
             if run.status != "failed":
-                raise Conflict(f"run {run_id} is {run.status}; only a failed run can be retried")
+                raise Conflict(f"run {run_id} {_state(run)}; only a failed run can be retried")
             raise Conflict(f"run {run_id}'s connection is not active, so it cannot sync")
         return Run.from_row(row)
 
@@ -373,6 +476,16 @@ class Engine:
     def workers(self) -> list[WorkerInfo]:
         return [WorkerInfo.from_row(r) for r in self._all(QUERIES.list_workers)]
 
+    def queued_without_worker(self) -> list[tuple[str, int, int]]:
+        """Queued syncs no live worker can take, by provider: ``(provider, runs, oldest run
+        id)``. They stay queued until a worker with that provider's connector starts."""
+        rows = self._all(
+            QUERIES.queued_runs_without_worker,
+            stale_seconds=self.settings.stale_after,
+            workspace_id=self._workspace_id,
+        )
+        return [(r["provider"], r["runs"], r["oldest_run"]) for r in rows]
+
     # -- plumbing --------------------------------------------------------------------------
 
     def _scope(self, workspace_id: int | None) -> int | None:
@@ -433,3 +546,53 @@ class Engine:
             row = conn.execute(QUERIES.metrics_snapshot, params).fetchone()
         assert row is not None
         return MetricsSnapshot.from_row(row, window_seconds)
+
+
+def describe_database(settings: Settings, database_url: str | None = None) -> str:
+    """Which database an Engine on these settings uses, for people (never a password)."""
+    url = database_url or settings.database_url
+    where = (
+        f"{describe(url)} (DATABASE_URL)"
+        if url
+        else f"embedded Postgres under {data_dir(settings.home)}"
+    )
+    return f"{where}, schema {settings.schema_name}"
+
+
+def _connector(provider: str) -> type[Connector]:
+    try:
+        return connectors.get(provider)
+    except connectors.UnknownProvider as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def _valid_config(cls: type[Connector], config: Mapping[str, Any]) -> Any:
+    try:
+        return cls.config_model.model_validate(dict(config))
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation_error(exc)) from None
+
+
+def _check_credentials(cls: type[Connector], credentials: Mapping[str, Any]) -> None:
+    model = cls.credentials_model
+    if model is None:
+        return
+    try:
+        model.model_validate(dict(credentials))
+    except ValidationError as exc:
+        problem = redact.redact(describe_validation_error(exc, "credentials"))
+        raise InvalidInput(
+            f"{problem}; `connector-sync providers` lists each provider's credential fields"
+        ) from None
+
+
+def _seconds(every: timedelta | float | None) -> float | None:
+    seconds = every.total_seconds() if isinstance(every, timedelta) else every
+    if seconds is not None and seconds <= 0:
+        raise InvalidInput("schedule_every must be a positive duration")
+    return seconds
+
+
+def _state(run: Run) -> str:
+    """``is queued``, ``has already ended (succeeded)``: a run's status in a sentence."""
+    return f"has already ended ({run.status})" if run.is_terminal else f"is {run.status}"

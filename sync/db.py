@@ -9,10 +9,11 @@ import time
 from typing import Any
 
 import psycopg
-from psycopg import conninfo
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
+from sync import redact
+from sync.database_url import check, describe, scrub, secrets_in
 from sync.errors import DatabaseUnavailable
 from sync.settings import Settings
 
@@ -46,17 +47,6 @@ KEEPALIVES = {
 }
 
 
-def describe(url: str) -> str:
-    """The URL without its password, for messages."""
-    try:
-        params = conninfo.conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
-        return "<unparseable database URL>"
-    params.pop("password", None)
-    user, host = params.get("user", ""), params.get("host", "localhost")
-    return f"postgresql://{user}@{host}:{params.get('port', 5432)}/{params.get('dbname', '')}"
-
-
 def connection_kwargs(settings: Settings, purpose: str = "") -> dict[str, Any]:
     # A stuck statement or lock fails after a bound instead of freezing a worker.
     session = {
@@ -75,6 +65,7 @@ def connection_kwargs(settings: Settings, purpose: str = "") -> dict[str, Any]:
 
 def connect(settings: Settings, url: str, *, purpose: str = "") -> Connection:
     """One autocommit connection outside the pool (the LISTEN connection)."""
+    _check(url)
     try:
         return psycopg.connect(
             url,
@@ -85,15 +76,18 @@ def connect(settings: Settings, url: str, *, purpose: str = "") -> Connection:
         )
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(
-            f"cannot connect to {describe(url)}: {first_line(exc)}; check DATABASE_URL and "
-            "that Postgres is running"
+            f"cannot connect to {describe(url)}: {scrub(first_line(exc), url)}; check "
+            "DATABASE_URL and that Postgres is running"
         ) from None
     except psycopg.ProgrammingError as exc:
-        raise DatabaseUnavailable(f"DATABASE_URL is not a valid Postgres URL: {exc}") from None
+        raise DatabaseUnavailable(
+            f"DATABASE_URL is not a valid Postgres URL ({scrub(first_line(exc), url)})"
+        ) from None
 
 
 def open_pool(settings: Settings, url: str, *, size: int | None = None) -> Pool:
     """A pool of autocommit connections; transactions are explicit (``conn.transaction()``)."""
+    _check(url)
     size = size or settings.pool_size
     pool: Pool = ConnectionPool(
         url,
@@ -116,8 +110,16 @@ def open_pool(settings: Settings, url: str, *, size: int | None = None) -> Pool:
         pool.close()
         # Surface the real reason, not the pool's timeout.
         connect(settings, url).close()
-        raise DatabaseUnavailable(f"cannot open a pool to {describe(url)}: {exc}") from None
+        raise DatabaseUnavailable(
+            f"cannot open a pool to {describe(url)}: {scrub(str(exc), url)}"
+        ) from None
     return pool
+
+
+def _check(url: str) -> None:
+    """Refuse a malformed URL in words of our own, and keep its password out of every log."""
+    redact.register(secrets_in(url))
+    check(url)
 
 
 # A pooled connection not handed out for longer than this is checked (one empty round trip)

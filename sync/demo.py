@@ -8,8 +8,9 @@ delete whose purge drains behind the sync still running. A live view follows eve
 end each claim is checked against what the database recorded (runs, attempts, results,
 records) and the demo exits non-zero if any did not hold.
 
-Everything goes through the Python API; the demo's speed comes from its own ``Settings``
-(short polls and backoff, tiny batches), handed to the workers through the environment.
+Everything goes through the public Python API (``Engine``); the demo's speed comes from its own
+``Settings`` (short polls and backoff, tiny batches, see :func:`tuned`), handed to the workers
+through the environment.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from rich.text import Text
 
 from connectors.simulated.server import Simulation, Tenant, start_server
 from sync.api import Engine
+from sync.embedded import data_dir
 from sync.errors import NotFound
 from sync.models import Attempt, Run
 from sync.settings import Settings
@@ -197,7 +199,7 @@ class View:
 
     def _event(self, run: Run) -> str:
         label = self._label(run)
-        if run.status == "queued" and run.attempts == 0:
+        if run.status == "queued" and run.attempts == 0 and not run.waits:
             return f"{label} queued"
         if run.status == "queued":
             wait = (run.queued_at - datetime.now(run.queued_at.tzinfo)).total_seconds()
@@ -301,11 +303,15 @@ CONNECTIONS = {
 }
 
 
-def run_demo(settings: Settings, console: Console) -> bool:
-    """Run the demo; True if every claim it made held."""
-    from sync.cli import _session, open_engine
+def tuned(settings: Settings) -> Settings:
+    """``settings`` with the demo's tuning: open the demo's Engine on these."""
+    return settings.model_copy(update=DEMO_TUNING)
 
-    settings = settings.model_copy(update=DEMO_TUNING)
+
+def run_demo(engine: Engine, console: Console) -> bool:
+    """Run the demo on ``engine`` (opened on :func:`tuned` settings); True if every claim it
+    made held."""
+    settings = engine.settings
     tag = uuid.uuid4().hex[:6]
     simulation, tenants = _simulation()
     url, stop_server = start_server(simulation)
@@ -313,41 +319,39 @@ def run_demo(settings: Settings, console: Console) -> bool:
     cast = Cast()
     checks: list[Check] = []
     try:
-        with open_engine(settings, migrate_embedded=False, check=False) as engine:
-            engine.migrate()  # the demo's own schema, or the embedded database
-            _session.announce()
-            console.print(
-                Text(
-                    f"simulated provider at {url} · two workers · settings tuned for a "
-                    "one-minute demo (polls every 0.5s, Retry-After 3s)",
-                    style="dim",
-                )
+        engine.migrate()  # the demo's own schema, or the embedded database
+        console.print(
+            Text(
+                f"simulated provider at {url} · two workers · settings tuned for a "
+                "one-minute demo (polls every 0.5s, Retry-After 3s)",
+                style="dim",
             )
-            workspace = engine.create_workspace(f"demo-{tag}")
-            for name, (provider, tenant) in CONNECTIONS.items():
-                conn = engine.create_connection(
-                    workspace.id,
-                    name,
-                    provider,
-                    config={"base_url": url, "tenant": tenant, "page_size": 20},
-                    credentials={"token": tenants[tenant].token},
-                )
-                cast.ids[name] = conn.id
-            names = {cid: name for name, cid in cast.ids.items()}
-            view = View(engine, workspace.id, names, console)
-            log_dir = settings.home.expanduser().resolve() / "demo-logs"
-            workers = Workers(settings, engine.url, tag, log_dir)
-            try:
-                with view.showing():
-                    _script(engine, view, cast, tenants, workers)
-            except DemoFailed as exc:
-                view.say(f"the demo could not finish: {exc}", style="red")
-                checks.append(Check("the demo script finished", False, str(exc)))
-            finally:
-                _cancel_leftovers(engine, workspace.id)
-                codes = workers.stop()
-            checks.extend(_verify(engine, workspace.id, cast, tenants, workers, codes))
-            _summary(console, checks, workers, settings, workspace.name)
+        )
+        workspace = engine.create_workspace(f"demo-{tag}")
+        for name, (provider, tenant) in CONNECTIONS.items():
+            conn = engine.create_connection(
+                workspace.id,
+                name,
+                provider,
+                config={"base_url": url, "tenant": tenant, "page_size": 20},
+                credentials={"token": tenants[tenant].token},
+            )
+            cast.ids[name] = conn.id
+        names = {cid: name for name, cid in cast.ids.items()}
+        view = View(engine, workspace.id, names, console)
+        log_dir = settings.home.expanduser().resolve() / "demo-logs"
+        workers = Workers(settings, engine.url, tag, log_dir)
+        try:
+            with view.showing():
+                _script(engine, view, cast, tenants, workers)
+        except DemoFailed as exc:
+            view.say(f"the demo could not finish: {exc}", style="red")
+            checks.append(Check("the demo script finished", False, str(exc)))
+        finally:
+            _cancel_leftovers(engine, workspace.id)
+            codes = workers.stop()
+        checks.extend(_verify(engine, workspace.id, cast, tenants, workers, codes))
+        _summary(console, checks, workers, settings, workspace.name)
     finally:
         if workers is not None:
             workers.stop(timeout=5)
@@ -510,7 +514,7 @@ def _verify(
         limited is not None
         and limited.status == "succeeded"
         and len(tries) >= 2
-        and tries[0].outcome == "retry"
+        and tries[0].outcome == "rate_limited"  # a wait: no attempt spent
         and (tries[0].error or {}).get("kind") == "rate_limited"
         and tries[0].finished_at is not None
     )
@@ -663,11 +667,19 @@ def _summary(
                 style="red bold",
             )
         )
-    console.print(
-        Group(
-            Text("look around:", style="dim"),
-            Text(f"  {prefix}connector-sync runs list --workspace {workspace}"),
-            Text(f"  {prefix}connector-sync runs show RUN"),
-            Text(f"  {prefix}connector-sync workers"),
+    look = [
+        Text("look around:", style="dim"),
+        Text(f"  {prefix}connector-sync runs list --workspace {workspace}"),
+        Text(f"  {prefix}connector-sync runs show RUN"),
+        Text(f"  {prefix}connector-sync records list CONNECTION"),
+        Text(f"  {prefix}connector-sync workers"),
+    ]
+    if not settings.database_url:
+        look.append(
+            Text(
+                f"the embedded Postgres under {data_dir(settings.home)} keeps running for the "
+                "next command; `connector-sync db stop` stops it",
+                style="dim",
+            )
         )
-    )
+    console.print(Group(*look))

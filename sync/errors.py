@@ -42,10 +42,12 @@ class LeaseLost(Exception):
     """A fenced write matched nothing: another worker owns the run now, or the lease expired."""
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """A pydantic error as one line naming each field and what is wrong with it."""
+def describe_validation_error(exc: ValidationError, what: str = "config") -> str:
+    """A pydantic error as one line naming each field and what is wrong with it (never the
+    value given, which may be a secret)."""
     problems = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "config"
+        where = ".".join(str(p) for p in err["loc"]) or what
         problems.append(f"{where}: {err['msg']}")
-    return "the connection's config is invalid: " + "; ".join(problems)
+    verb = "are" if what.endswith("s") else "is"
+    return f"the connection's {what} {verb} invalid: " + "; ".join(problems)

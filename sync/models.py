@@ -33,6 +33,8 @@ class Workspace(_FromRow):
     id: int
     name: str
     created_at: datetime
+    deleted_at: datetime | None = None  # set: deleted (its connections are purged, then hidden)
+    connections: int = 0  # how many connections it has (being purged, once deleted)
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,12 @@ class Run(_FromRow):
     error: dict[str, Any] | None
     processed_units: int
     total_units: int | None
+    waits: int = 0
+    waiting_for: str | None = None
+    waiting_until: datetime | None = None
+    progress: dict[str, Any] | None = None
+    # The id of the run's connection once that connection is deleted (connection_id is None).
+    deleted_connection_id: int | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -98,6 +106,8 @@ class Attempt(_FromRow):
     outcome: str | None
     error: dict[str, Any] | None
     results: dict[str, Any] | None
+    waiting_for: str | None = None
+    waiting_until: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,11 @@ class WorkerInfo(_FromRow):
     stopped_at: datetime | None
     current_run_id: int | None
     since_heartbeat: timedelta
+    providers: list[str] | None = None  # what it can run; None: a worker of an older version
+    incarnation: UUID | None = None  # one per start of this worker id
+
+    def can_run(self, provider: str) -> bool:
+        return self.providers is None or provider in self.providers
 
 
 @dataclass(frozen=True)

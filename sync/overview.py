@@ -10,8 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from sync.models import WorkerInfo
-
-STALE_HEARTBEATS = 3  # a worker silent for this many heartbeat intervals is stale
+from sync.settings import STALE_HEARTBEATS
 
 
 class WorkerState(StrEnum):

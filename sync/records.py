@@ -2,9 +2,12 @@
 
 Per batch, one statement (``write_record_batch``) compares content hashes with the stored ones,
 one index probe per key, and upserts only new, changed or revived rows; unchanged rows are never
-sent to the upsert, so they cost no lock, no tuple version and no WAL. A ``full`` table read
-completely ends with ``tombstone_unseen`` steps, which tombstone the rows this attempt did not
-see.
+sent to the upsert, so they cost no lock, no tuple version and no WAL. The same statement saves
+the checkpoint of the slice being read (the table, or one partition of it): the last read
+position the connector yielded, so a position never commits before the records it covers. When
+positions come, a full batch waits for the next one (the end of the page it is in), so that it
+commits with the position right after its last record and a resumed read repeats no page it
+wrote. The tombstone pass is ``sync.tombstones``.
 """
 
 from __future__ import annotations
@@ -24,15 +27,19 @@ import psycopg
 from psycopg.types.json import Jsonb
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from connectors.base import Checkpoint, Deleted, Mode, Resync, Table
+from connectors.base import Checkpoint, Deleted, Mode, Position, Resync, Table, Total
 from connectors.errors import PermanentError
 from sync.abort import AbortSignal
+from sync.checkpoints import SliceCheckpoint
 from sync.db import is_transient
 from sync.errors import LeaseLost
+from sync.progress import RunProgress
 from sync.queries import QUERIES
 
 TRANSIENT_RETRIES = 5
-TOMBSTONE_STEP = 10_000  # stored rows per step of the tombstone pass
+# With positions, a full batch waits for the end of its page, but never grows past this many
+# batches' worth of records (a connector whose pages are larger than a batch).
+MAX_BATCHES_BUFFERED = 2
 
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
@@ -65,23 +72,51 @@ def external_id(record: Mapping[str, Any], primary_key: str | tuple[str, ...], t
     return json.dumps(values, separators=(",", ":"), default=str)
 
 
-def encode(record: Mapping[str, Any], table: str, key: str) -> tuple[str, bytes]:
+def encode(
+    record: Mapping[str, Any], table: str, key: str, ignores: Sequence[str] = ()
+) -> tuple[str, bytes]:
     """The record as canonical JSON text (sorted keys, so equal records hash equal) and its
-    16-byte content hash."""
-    try:
-        raw = orjson.dumps(
-            record, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str
-        )
-    except TypeError as exc:  # orjson.JSONEncodeError included
-        if "Integer exceeds 64-bit range" not in str(exc):
-            raise RecordError(f"record {key!r} of table {table!r} is not JSON: {exc}") from None
-        raw = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str).encode()
+    16-byte content hash, taken without the ``ignores`` fields (dotted paths)."""
+    raw = _canonical(record, table, key)
     if b"\\u0000" in raw and _NUL_ESCAPE.search(raw):
         raise RecordError(
             f"record {key!r} of table {table!r} contains a NUL character (\\u0000), which "
             "Postgres cannot store in jsonb"
         )
-    return raw.decode(), hashlib.blake2b(raw, digest_size=16).digest()
+    hashed = _canonical(without(record, ignores), table, key) if ignores else raw
+    return raw.decode(), hashlib.blake2b(hashed, digest_size=16).digest()
+
+
+def _canonical(record: Mapping[str, Any], table: str, key: str) -> bytes:
+    try:
+        return orjson.dumps(
+            record, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS, default=str
+        )
+    except TypeError as exc:  # orjson.JSONEncodeError included
+        if "Integer exceeds 64-bit range" not in str(exc):
+            raise RecordError(f"record {key!r} of table {table!r} is not JSON: {exc}") from None
+        return json.dumps(record, sort_keys=True, separators=(",", ":"), default=str).encode()
+
+
+def without(record: Mapping[str, Any], paths: Sequence[str]) -> Mapping[str, Any]:
+    """``record`` without the fields at ``paths`` (``"head.repo.pushed_at"``); only the
+    mappings along a path are copied, the record itself is never changed (pure)."""
+    trimmed: dict[str, Any] = dict(record)
+    for path in paths:
+        _drop(trimmed, path.split("."))
+    return trimmed
+
+
+def _drop(node: dict[str, Any], steps: list[str]) -> None:
+    head, rest = steps[0], steps[1:]
+    if not rest:
+        node.pop(head, None)
+        return
+    child = node.get(head)
+    if isinstance(child, Mapping):
+        copy = dict(child)
+        node[head] = copy
+        _drop(copy, rest)
 
 
 class InFlight:
@@ -124,7 +159,9 @@ class WriteCounts:
 
 
 class RecordWriter:
-    """Buffers one table's items and writes them in fenced batches on ``conn``."""
+    """Buffers one table's items and writes them in fenced batches on ``conn``, one slice (the
+    table, or one partition of it) at a time: ``begin()``, ``write()`` what the read yields,
+    ``end()`` when the read is complete."""
 
     def __init__(
         self,
@@ -135,6 +172,7 @@ class RecordWriter:
         *,
         batch_size: int,
         abort: AbortSignal,
+        progress: RunProgress | None = None,
     ) -> None:
         self._conn = conn
         self._lease = lease
@@ -142,42 +180,76 @@ class RecordWriter:
         self._table = table
         self._batch_size = batch_size
         self._abort = abort
+        self._progress = progress or RunProgress([table.name])
         self._records: dict[str, tuple[str, bytes]] = {}
         self._deletions: set[str] = set()
-        # Tombstone unseen rows at the end: always for a full table; for an incremental one
-        # once the provider asked for a resync.
-        self._full = table.mode is Mode.FULL
-        self._seen_keys = 0  # keys this table put in run_seen_keys, to clear when it completes
         self._in_flight = InFlight()
         self.counts = WriteCounts()
+        self.begin(None, None)
+
+    def begin(self, partition: str | None, checkpoint: SliceCheckpoint | None) -> None:
+        """Start a slice: the whole table (``partition`` None) or one partition, from where an
+        earlier attempt of the run left it (``checkpoint``), if anywhere."""
+        self._in_flight.wait()
+        self._partition = partition
+        self._position = checkpoint.position if checkpoint else None
+        self._saved_position = self._position
+        self._positioned = False
+        self._pages = checkpoint.pages if checkpoint else 0
+        self._total = checkpoint.total if checkpoint else None
+        # Tombstone unseen rows at the end: always for a full table; for an incremental one
+        # once the provider asked for a resync (in this attempt or an earlier one).
+        self._full = self._table.mode is Mode.FULL or bool(checkpoint and checkpoint.resync)
+        self.counts = WriteCounts()
+        self._progress.begin_slice(partition, checkpoint)
+
+    def forget(self, partition: str | None) -> None:
+        """Forget how far an earlier attempt of the run read this slice (a whole table also
+        forgets the keys it saw): it is read again from its start."""
+        self._one(QUERIES.reset_table_checkpoints, partition=partition)
 
     def write(self, item: Any) -> None:
-        """Take a record (a mapping), a :class:`Deleted`, a :class:`Checkpoint` or a page of
-        them."""
+        """Take a record (a mapping), a :class:`Deleted`, a :class:`Checkpoint`, a
+        :class:`Position`, a :class:`Total`, a :class:`Resync`, or a page of them."""
         if isinstance(item, Mapping):
             self._add_record(item)
+        elif isinstance(item, Position):
+            self._position = item.value
+            self._positioned = True
+            if len(self._records) >= self._batch_size:
+                self.flush(background=True)
+        elif isinstance(item, Total):
+            self._total = int(item.count)
+            self._progress.slice_total(self._total)
         elif isinstance(item, Deleted):
             self._add_deletion(str(item.external_id))
         elif isinstance(item, Checkpoint):
             self.flush()
-            self._save_cursor(item.cursor)
+            self._save_cursor(item.cursor, item.partition)
         elif isinstance(item, Resync):
             self.flush()
             self._full = True
         elif isinstance(item, Sequence | Iterable) and not isinstance(item, str | bytes):
+            self._pages += 1
+            self._progress.page(self._pages)
             for inner in item:
                 self.write(inner)
         else:
             raise RecordError(
                 f"table {self._table.name!r} yielded a {type(item).__name__}; yield dicts, "
-                "Deleted, Checkpoint or lists of them"
+                "Deleted, Checkpoint, Position, Total, Resync or lists of them"
             )
 
     def _add_record(self, record: Mapping[str, Any]) -> None:
         key = external_id(record, self._table.primary_key, self._table.name)
         self._deletions.discard(key)
-        self._records[key] = encode(record, self._table.name, key)
-        if len(self._records) >= self._batch_size:
+        self._records[key] = encode(record, self._table.name, key, self._table.hash_ignores)
+        buffered = len(self._records)
+        if buffered >= self._batch_size and (
+            # With positions, wait for the end of the page so the batch commits with the
+            # position right after it.
+            not self._positioned or buffered >= self._batch_size * MAX_BATCHES_BUFFERED
+        ):
             self.flush(background=True)
 
     def _add_deletion(self, key: str) -> None:
@@ -191,29 +263,58 @@ class RecordWriter:
         if len(self._deletions) >= self._batch_size:
             self.flush()
 
-    def flush(self, *, check_abort: bool = True, background: bool = False) -> None:
-        """Write the buffered records, then the buffered deletions. With ``background`` the
-        records are written by a helper thread while the caller reads and encodes the next
-        batch; without it, everything written before has been written when this returns."""
+    def flush(
+        self, *, check_abort: bool = True, background: bool = False, done: bool = False
+    ) -> None:
+        """Write the buffered deletions, then the buffered records with the slice's checkpoint.
+        With ``background`` the records are written by a helper thread while the caller reads
+        and encodes the next batch; without it, everything written before has been written when
+        this returns, and a position that no batch carried yet is saved on its own. ``done``
+        marks the slice read to its end."""
         if check_abort:
             self._abort.check()
+        if self._deletions:
+            # Deletions go first: a position must never commit before a deletion it covers.
+            background = False
+            self._in_flight.wait()
+            row = self._one(QUERIES.tombstone_ids, external_ids=sorted(self._deletions))
+            self.counts.tombstoned += sum(row["tombstoned"].values())
+            self._deletions.clear()
         if not background:
             self._in_flight.wait()
+        checkpoint = self._checkpoint(done)
         if self._records:
             keys = list(self._records)
             datas = [self._records[k][0] for k in keys]
             hashes = [self._records[k][1] for k in keys]
             self._records.clear()
-            write = partial(self._write_batch, keys, datas, hashes, track_seen=self._full)
+            self._progress.read(len(keys))
+            write = partial(
+                self._write_batch,
+                keys,
+                datas,
+                hashes,
+                track_seen=self._full,
+                checkpoint=checkpoint,
+                progress=self._progress.snapshot(),
+            )
+            self._saved_position = self._position
             if background:
                 self._in_flight.submit(write)
             else:
                 write()
-        if self._deletions:
-            self._in_flight.wait()
-            row = self._one(QUERIES.tombstone_ids, external_ids=sorted(self._deletions))
-            self.counts.tombstoned += row["tombstoned"]
-            self._deletions.clear()
+        elif done or self._position != self._saved_position:
+            self._saved_position = self._position
+            self._one(QUERIES.save_checkpoint, **checkpoint, **self._progress.snapshot())
+
+    def end(self) -> None:
+        """The slice was read to its end: write what is buffered and mark it done."""
+        self.flush(done=True)
+
+    @property
+    def resync(self) -> bool:
+        """Whether this slice's read lists all of it, so that unseen rows are tombstoned."""
+        return self._full
 
     def close(self) -> None:
         """Wait for a batch still being written and stop the helper thread. Call it before the
@@ -221,8 +322,25 @@ class RecordWriter:
         dropped then, since the caller is already handling one."""
         self._in_flight.close()
 
+    def _checkpoint(self, done: bool) -> dict[str, Any]:
+        return {
+            "slice": self._partition or "",
+            "position": None if self._position is None else Jsonb(self._position),
+            "done": done,
+            "resync": self._full,
+            "pages": self._pages,
+            "total": self._total,
+        }
+
     def _write_batch(
-        self, keys: list[str], datas: list[str], hashes: list[bytes], *, track_seen: bool
+        self,
+        keys: list[str],
+        datas: list[str],
+        hashes: list[bytes],
+        *,
+        track_seen: bool,
+        checkpoint: dict[str, Any],
+        progress: dict[str, Any],
     ) -> None:
         row = self._one(
             QUERIES.write_record_batch,
@@ -230,55 +348,24 @@ class RecordWriter:
             datas=datas,
             hashes=hashes,
             track_seen=track_seen,
+            partition=self._partition,
+            **checkpoint,
+            **progress,
         )
         self.counts.upserted += row["upserted"]
         self.counts.unchanged += row["unchanged"]
-        self._seen_keys += row["seen"]
 
-    def complete(self) -> None:
-        """The table was read to its end: flush, and for a ``full`` table tombstone the rows
-        this attempt did not see, in bounded steps (each its own short fenced statement)."""
-        self.flush()
-        if not self._full:
-            return
-        after = ""
-        while True:
-            self._abort.check()
-            row = self._one(QUERIES.tombstone_unseen, after=after, limit=TOMBSTONE_STEP)
-            self.counts.tombstoned += row["tombstoned"]
-            if row["scanned"] < TOMBSTONE_STEP:
-                break
-            after = row["last_key"]
-        if self._seen_keys:
-            self._conn.execute(
-                QUERIES.clear_table_seen_keys,
-                {"lease_owner": self._lease.lease_owner, "table_name": self._table.name},
-            )
-
-    def _save_cursor(self, cursor: Any) -> None:
+    def _save_cursor(self, cursor: Any, partition: str | None) -> None:
         self._abort.check()
         found = self._conn.execute(
-            QUERIES.save_cursor, {**self._params(), "cursor": Jsonb(cursor)}
+            QUERIES.save_cursor,
+            {**self._params(), "cursor": Jsonb(cursor), "partition": partition},
         ).fetchone()
         if not found:
             raise LeaseLost()
 
     def _one(self, query: Any, **params: Any) -> dict[str, Any]:
-        # Each statement is its own transaction, so a deadlock or lock timeout is repeated
-        # as it is rather than failing the table.
-        for attempt in Retrying(
-            retry=retry_if_exception(is_transient),
-            stop=stop_after_attempt(TRANSIENT_RETRIES),
-            wait=wait_random_exponential(multiplier=0.1, max=2.0),
-            reraise=True,
-        ):
-            with attempt:
-                row: dict[str, Any] | None = self._conn.execute(
-                    query, {**self._params(), **params}
-                ).fetchone()
-        if not row or not row["fenced"]:
-            raise LeaseLost()
-        return row
+        return fenced_one(self._conn, query, {**self._params(), **params})
 
     def _params(self) -> dict[str, Any]:
         return {
@@ -287,3 +374,22 @@ class RecordWriter:
             "connection_id": self._connection_id,
             "table_name": self._table.name,
         }
+
+
+def fenced_one(
+    conn: psycopg.Connection[Any], query: Any, params: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Run a fenced statement and return its row; raise :class:`LeaseLost` if the fence
+    matched nothing. Each statement is its own transaction, so a deadlock or lock timeout is
+    repeated as it is rather than failing the table."""
+    for attempt in Retrying(
+        retry=retry_if_exception(is_transient),
+        stop=stop_after_attempt(TRANSIENT_RETRIES),
+        wait=wait_random_exponential(multiplier=0.1, max=2.0),
+        reraise=True,
+    ):
+        with attempt:
+            row: dict[str, Any] | None = conn.execute(query, params).fetchone()
+    if not row or not row["fenced"]:
+        raise LeaseLost()
+    return row

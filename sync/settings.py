@@ -1,15 +1,24 @@
 """Every tunable of the engine, from env vars (``CONNECTOR_SYNC_*``, plus ``DATABASE_URL``) and
-CLI flags, in one pydantic-settings model. Defaults are SPEC's."""
+CLI flags, in one pydantic-settings model. The defaults and what each means are listed in
+docs/operations.md."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import platformdirs
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+STALE_HEARTBEATS = 3  # a worker silent for this many heartbeat intervals counts as gone
+
+
+def default_home() -> Path:
+    """The user's data directory (``~/.local/share/connector-sync`` on Linux), never the
+    current directory: every command finds the same embedded database wherever it runs."""
+    return Path(platformdirs.user_data_dir("connector-sync", appauthor=False))
 
 
 class Settings(BaseSettings):
@@ -20,7 +29,10 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("DATABASE_URL", "CONNECTOR_SYNC_DATABASE_URL"),
         description="The Postgres to use; unset means the embedded one under `home`.",
     )
-    home: Path = Field(default=Path(".connector-sync"), description="Embedded Postgres, keys.")
+    home: Path = Field(
+        default_factory=default_home,
+        description="The embedded Postgres (pgdata/), the credentials key file, demo logs.",
+    )
     schema_name: str = Field(
         default="sync",
         validation_alias=AliasChoices("CONNECTOR_SYNC_SCHEMA", "schema_name"),
@@ -49,6 +61,12 @@ class Settings(BaseSettings):
     max_inline_wait: float = Field(
         default=30.0, ge=0, description="Longest Retry-After slept inside a run; longer requeues."
     )
+    run_deadline: float = Field(
+        default=24 * 3600.0,
+        gt=0,
+        description="Seconds from a run's start past which it stops waiting for rate limits "
+        "and ends failed.",
+    )
 
     ui_token: SecretStr | None = Field(
         default=None,
@@ -70,3 +88,9 @@ class Settings(BaseSettings):
     def renew_interval(self) -> float:
         """Leases are renewed at a third of their length."""
         return self.lease_seconds / 3
+
+    @property
+    def stale_after(self) -> float:
+        """Seconds without a heartbeat after which a worker that recorded no stop counts as
+        gone (crashed, frozen or cut off): three heartbeat intervals."""
+        return STALE_HEARTBEATS * self.heartbeat_interval

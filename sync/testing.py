@@ -40,8 +40,9 @@ def run_sync(
     max_polls: int = 20,
 ) -> Run:
     """Queue a sync of ``connection_id`` (or take the one already queued) and poll a worker
-    until the run ends. With ``skip_retry_waits`` a requeued run is made due at once, so retries
-    happen without sleeping; without it, the run is returned as soon as it is requeued."""
+    until the run ends. With ``skip_retry_waits`` a run requeued for a retry or waiting for a
+    rate limit is made due at once (:func:`make_run_due`), so retries and waits happen without
+    sleeping; without it, the run is returned as soon as it is requeued."""
     run = engine.sync(connection_id)
     worker = worker or engine.worker(listen=False)
     for _ in range(max_polls):
@@ -49,12 +50,18 @@ def run_sync(
         run = engine.run(run.id)
         if run.is_terminal:
             return run
-        if run.status == "queued" and run.attempts > 0:
+        if run.status == "queued" and (run.attempts > 0 or run.waits > 0):
             if not skip_retry_waits:
                 return run
-            with engine.pool.connection() as conn:
-                conn.execute(QUERIES.make_run_due, {"run_id": run.id})
+            make_run_due(engine, run.id)
     raise AssertionError(f"run {run.id} did not end in {max_polls} polls: {run.status}")
+
+
+def make_run_due(engine: Engine, run_id: int) -> bool:
+    """Let a requeued run's time come now: due at once, and the rate budget it waits for free
+    again, as if the provider's reset had come. False if the run was not waiting."""
+    with engine.pool.connection() as conn:
+        return conn.execute(QUERIES.make_run_due, {"run_id": run_id}).fetchone() is not None
 
 
 @pytest.fixture

@@ -3,6 +3,10 @@
 ``Worker.poll()`` runs a fixed list of stages once (heartbeat, due schedules, claim and execute
 at most one run, sweep), each wrapped so one failing stage never skips the others. ``run()``
 loops ``poll(); wait(poll_interval)``, woken early by LISTEN/NOTIFY. Tests call ``poll()``.
+
+A worker registers when it is created: its own incarnation of its id (process, host, version,
+start time) and the providers whose connectors it has loaded. It claims only syncs of those
+providers; a second live worker with the same id is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from importlib.metadata import PackageNotFoundError, version
 from types import FrameType
@@ -26,7 +30,9 @@ import psycopg
 from psycopg.types.json import Jsonb
 from psycopg_pool import PoolTimeout
 
+import connectors
 from sync.db import Pool, connect, first_line
+from sync.errors import Conflict
 from sync.executor import ClaimedRun, Executor
 from sync.lease import LeaseKeeper
 from sync.migrations import check_schema
@@ -40,6 +46,12 @@ log = logging.getLogger("sync.worker")
 SWEEP_EVERY = 60.0  # seconds between sweeps of orphaned seen keys
 MAX_BACKOFF = 30.0  # the longest idle wait while the database keeps failing
 SCHEDULE_EVERY = 1.0  # seconds between scans for due schedules
+
+# Worker ids registered by the Worker objects of this process that are still open: a previous
+# incarnation recorded with this process's own pid is one of them, or a dead process whose pid
+# this one reuses (a restarted container).
+_open_here: set[str] = set()
+_open_here_lock = threading.Lock()
 
 
 @functools.cache
@@ -128,9 +140,15 @@ class Worker:
         secrets: SecretBox | None = None,
         worker_id: str | None = None,
         listen: bool = True,
+        providers: Sequence[str] | None = None,
     ) -> None:
         self.settings = settings
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        # Plugins are loaded once, at start: a package installed later needs a restart.
+        self.providers = sorted(providers if providers is not None else connectors.providers())
+        self.incarnation = uuid.uuid4()
+        self._registered = False  # this incarnation owns the id's row in `workers`
+        self._open_here = False  # the id is in this process's _open_here
         self._pool = pool
         self._url = url
         self._wake = threading.Event()
@@ -141,7 +159,9 @@ class Worker:
         self._heartbeat_lock = threading.Lock()
         self._keeper = LeaseKeeper(pool, settings, on_tick=self._heartbeat_if_due)
         self._listener = Listener(settings, url, self._wake) if listen else None
-        self._executor = Executor(pool, settings, secrets, self._keeper, self.id)
+        self._executor = Executor(
+            pool, settings, secrets, self._keeper, self.id, providers=self.providers
+        )
         self._last_heartbeat = float("-inf")
         self._last_sweep = float("-inf")
         self._last_schedule_scan = float("-inf")
@@ -151,6 +171,7 @@ class Worker:
         self.runs_executed = 0
         with pool.connection() as conn:
             check_schema(conn, settings.schema_name)
+        self._register()
         self._stages: list[tuple[str, Callable[[], bool]]] = [
             ("heartbeat", self._heartbeat),
             ("schedules", self._enqueue_schedules),
@@ -226,9 +247,19 @@ class Worker:
         if self._listener is not None:
             self._listener.stop()
         self._keeper.stop()
+        with _open_here_lock:
+            if self._open_here:
+                _open_here.discard(self.id)
+                self._open_here = False
+        if not self._registered:
+            return
+        self._registered = False
         try:
             with self._pool.connection(timeout=5) as conn:
-                conn.execute(QUERIES.worker_stopped, {"worker_id": self.id})
+                conn.execute(
+                    QUERIES.worker_stopped,
+                    {"worker_id": self.id, "incarnation": self.incarnation},
+                )
         except Exception as exc:
             log.warning("could not record the worker's stop: %s", first_line(exc))
         log.info("worker %s stopped", self.id)
@@ -241,6 +272,40 @@ class Worker:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, handle)
             signal.signal(signal.SIGINT, handle)
+
+    # -- registration ----------------------------------------------------------------------
+
+    def _register(self) -> None:
+        """Record this incarnation of the worker id, or refuse (Conflict) while another live
+        process holds it."""
+        params = {
+            "worker_id": self.id,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "version": _version(),
+            "providers": self.providers,
+            "incarnation": self.incarnation,
+            "stale_seconds": self.settings.stale_after,
+            "dead_pid": None,
+            "dead_incarnation": None,
+        }
+        with _open_here_lock, self._pool.connection() as conn:
+            if self.id in _open_here:
+                raise Conflict(
+                    f"worker id {self.id!r} is already used by a worker of this process; "
+                    "give each worker its own id"
+                )
+            previous = conn.execute(QUERIES.get_worker, {"worker_id": self.id}).fetchone()
+            if previous is not None and _is_dead_here(previous):
+                params.update(dead_pid=previous["pid"], dead_incarnation=previous["incarnation"])
+            row = conn.execute(QUERIES.register_worker, params).fetchone()
+            if row is None:
+                holder = conn.execute(QUERIES.get_worker, {"worker_id": self.id}).fetchone()
+                raise Conflict(_in_use(self.id, holder))
+            _open_here.add(self.id)
+            self._open_here = True
+        self._registered = True
+        self._last_heartbeat = time.monotonic()
 
     # -- stages ----------------------------------------------------------------------------
 
@@ -255,17 +320,28 @@ class Worker:
             if now - self._last_heartbeat < self.settings.heartbeat_interval:
                 return
             with self._pool.connection() as conn:
-                conn.execute(
+                beat = conn.execute(
                     QUERIES.heartbeat,
                     {
                         "worker_id": self.id,
                         "hostname": socket.gethostname(),
                         "pid": os.getpid(),
                         "version": _version(),
+                        "providers": self.providers,
+                        "incarnation": self.incarnation,
                         "current_run_id": self._current_run_id,
                     },
-                )
+                ).fetchone()
             self._last_heartbeat = now
+        if beat is None:
+            # This process went stale (frozen, cut off) and another one started with its id.
+            log.error(
+                "worker id %s was taken over by another process while this one was silent; "
+                "stopping",
+                self.id,
+            )
+            self._registered = False  # its stop is not this incarnation's to record
+            self.stop()
 
     def _enqueue_schedules(self) -> bool:
         # Due connections are looked for at most once a second, not on every poll of a
@@ -291,7 +367,11 @@ class Worker:
             with self._pool.connection() as conn:
                 row = conn.execute(
                     QUERIES.claim_run,
-                    {"worker_id": self.id, "lease": timedelta(seconds=self.settings.lease_seconds)},
+                    {
+                        "worker_id": self.id,
+                        "lease": timedelta(seconds=self.settings.lease_seconds),
+                        "providers": self.providers,
+                    },
                 ).fetchone()
             if row is None:
                 return False
@@ -317,7 +397,12 @@ class Worker:
         with self._pool.connection(timeout=5) as conn:
             conn.execute(
                 QUERIES.hand_back_run,
-                {"run_id": run.id, "lease_owner": run.lease_owner, "results": Jsonb(run.results)},
+                {
+                    "run_id": run.id,
+                    "lease_owner": run.lease_owner,
+                    "results": Jsonb(run.results),
+                    "attempt_results": Jsonb({}),
+                },
             )
         log.info("handed back run %d, claimed but not started", run.id)
 
@@ -329,3 +414,31 @@ class Worker:
         with self._pool.connection() as conn:
             conn.execute(QUERIES.sweep_seen_keys, {"limit": self.settings.sweep_batch})
         return False
+
+
+def _is_dead_here(row: dict[str, Any]) -> bool:
+    """Whether a registered incarnation is a process of this host that no longer runs: its pid
+    is gone, or is this very process (a restarted container reuses pids; the caller has made
+    sure no open Worker of this process holds the id)."""
+    if row["stopped_at"] is not None or row["hostname"] != socket.gethostname():
+        return False
+    if row["pid"] == os.getpid():
+        return True
+    try:
+        os.kill(row["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # a live process of another user
+        return False
+    return False
+
+
+def _in_use(worker_id: str, holder: dict[str, Any] | None) -> str:
+    if holder is None:  # it stopped and was removed between our two reads
+        return f"worker id {worker_id!r} changed hands while starting; start it again"
+    ago = holder["since_heartbeat"].total_seconds()
+    return (
+        f"worker id {worker_id!r} is in use by a live worker (pid {holder['pid']} on "
+        f"{holder['hostname']}, last heartbeat {ago:.0f}s ago); give this one another id "
+        "(--id), or stop that one first"
+    )

@@ -22,7 +22,7 @@ from cryptography.fernet import Fernet
 import tests.fakes  # noqa: F401 - registers the test connectors
 from sync import Engine, Settings
 
-pytest_plugins = ["sync.testing"]
+pytest_plugins = ["sync.testing", "tests.cli_backends"]
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 # Postgres itself; set apart from DATABASE_URL only by `--pgbouncer` (inherited by xdist workers).

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from connectors import Checkpoint, Connector, Deleted, Mode, Table, register
+from connectors import Checkpoint, Connector, Deleted, Mode, Position, Table, Total, register
 
 
 @dataclass
@@ -92,6 +92,38 @@ class MemoryEventsConnector(Connector):
             yield Checkpoint({"seq": row["seq"]})
         for gone in dataset.deletions.get(table.name, []):
             yield Deleted(gone)
+
+
+@register
+class MemoryPagesConnector(Connector):
+    """A full table read page by page like a page-numbered API: after each page it yields the
+    number of the next one as its position, and resumes there. `reads` logs "items:PAGE" for
+    every page read; a failure at row index N (see Dataset.failures) strikes on the page that
+    holds it."""
+
+    provider = "memory_pages"
+    tables = (Table("items", "id", Mode.FULL),)
+    config_model = MemoryConfig
+
+    def read(self, table: Table) -> Iterator[Any]:
+        config = self.context.config
+        assert isinstance(config, MemoryConfig)
+        dataset = DATASETS[config.dataset]
+        rows = list(dataset.tables.get(table.name, []))
+        failure = dataset.failures.pop(table.name, None)  # strikes once
+        size = config.page_size
+        page = int((self.context.position(table.name) or {}).get("page", 1))
+        yield Total(len(rows))
+        while (page - 1) * size < len(rows):
+            with _lock:
+                dataset.reads.append(f"{table.name}:{page}")
+            start = (page - 1) * size
+            if failure is not None and start <= failure[0] < start + size:
+                raise failure[1]
+            yield rows[start : start + size]
+            page += 1
+            if (page - 1) * size < len(rows):
+                yield Position({"page": page})
 
 
 class FileConfig(BaseModel):

@@ -54,7 +54,8 @@ SELECT count(*) FILTER (WHERE ra.kind = 'purge' OR rb.kind = 'purge'
 # The claim as SPEC §4 warns against: the limiter checked by NOT EXISTS in the same statement
 # that takes the locks, with no re-check. Installed only to show the stress test catches it.
 NAIVE_CLAIM = """
-CREATE OR REPLACE FUNCTION claim_run(p_worker_id text, p_lease interval)
+DROP FUNCTION claim_run(text, interval, text[]);
+CREATE FUNCTION claim_run(p_worker_id text, p_lease interval, p_providers text[] DEFAULT NULL)
 RETURNS SETOF connection_runs LANGUAGE sql SET search_path FROM CURRENT AS $$
     WITH candidate AS (
         SELECT r.id, r.attempts FROM connection_runs r JOIN workspaces w ON w.id = r.workspace_id

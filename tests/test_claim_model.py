@@ -115,7 +115,8 @@ class ClaimModel(RuleBasedStateMachine):
         expected = self._expected()
         with self.engine.pool.connection() as conn:
             row = conn.execute(
-                QUERIES.claim_run, {"worker_id": "model", "lease": timedelta(minutes=5)}
+                QUERIES.claim_run,
+                {"worker_id": "model", "lease": timedelta(minutes=5), "providers": None},
             ).fetchone()
         if expected is None:
             assert row is None, f"claimed {row['id'] if row else None}, model expected none"

@@ -66,3 +66,21 @@ def test_a_full_queue_without_statistics_is_walked_in_order_not_sorted(
     scans = [n for n in found if n.get("Relation Name") == "connection_runs"]
     assert scans[0]["Index Name"] == "connection_runs_claimable"
     assert scans[0]["Actual Rows"] <= 5  # not 3,000
+
+
+def test_a_claim_limited_to_its_providers_walks_the_same_index(engine: Engine, admin: Any) -> None:
+    """A worker passes its provider list to the claim; the filter is checked on the rows the
+    index walk meets, so the plan stays the same ordered walk of the partial index."""
+    admin.execute(HISTORY)
+    row, plans = explained(
+        admin,
+        "SELECT id, provider FROM claim_run('plan-test', interval '1 minute', %s)",
+        (["memory"],),
+    )
+    assert row is not None and row["provider"] == "memory"
+    candidate = next(p for p in plans if "SKIP LOCKED" in p["Query Text"])
+    found = nodes(candidate["Plan"])
+    assert not any(n["Node Type"] == "Sort" for n in found), json.dumps(candidate, indent=1)
+    scans = [n for n in found if n.get("Relation Name") == "connection_runs"]
+    assert scans[0]["Index Name"] == "connection_runs_claimable"
+    assert scans[0]["Actual Rows"] + scans[0].get("Rows Removed by Filter", 0) <= 5

@@ -17,8 +17,12 @@ from typing import Any
 import psycopg
 import pytest
 
+import connectors
 from connectors.simulated.server import Simulation, start_server
-from sync.cli import describe_progress, format_duration, parse_duration, parse_json_object
+from sync.catalog import describe_provider
+from sync.cli import describe_progress
+from sync.cli_base import parse_duration, parse_json_object
+from sync.console import format_duration
 from sync.models import Run
 from tests.conftest import DATABASE_URL
 
@@ -273,15 +277,31 @@ def test_sync_wait_exits_nonzero_when_the_run_fails_and_retry_requeues_it(
     one_line_error(cli(schema, "runs", "retry", str(run["id"])), "only a failed run")
 
 
-def test_providers_lists_the_simulated_connectors(schema: str) -> None:
+def test_providers_lists_tables_and_config_and_credential_fields(schema: str) -> None:
     found = {p["provider"]: p for p in as_json(cli(schema, "providers", "--json"))}
     assert found["simulated"]["tables"] == [
-        {"name": "projects", "mode": "full"},
-        {"name": "issues", "mode": "full"},
+        {"name": "projects", "mode": "full", "primary_key": "id"},
+        {"name": "issues", "mode": "full", "primary_key": "id"},
     ]
-    assert {"name": "deals", "mode": "incremental"} in found["simulated_crm"]["tables"]
-    assert "base_url" in found["simulated"]["config"]
-    assert "simulated_crm" in ok(cli(schema, "providers")).stdout
+    assert {"name": "deals", "mode": "incremental", "primary_key": "id"} in (
+        found["simulated_crm"]["tables"]
+    )
+    config = {f["name"]: f for f in found["simulated"]["config"]}
+    assert config["base_url"]["required"] is True and config["base_url"]["type"] == "str"
+    assert config["page_size"] == {
+        "name": "page_size",
+        "type": "int",
+        "required": False,
+        "default": 25,
+    }
+    credentials = {f["name"]: f for f in found["procore"]["credentials"]}
+    assert credentials["refresh_token"]["required"] is True
+    assert credentials["access_token"]["required"] is False
+    # A connector that declares no credentials model accepts any credentials.
+    assert describe_provider("memory", connectors.get("memory"))["credentials"] is None
+    human = ok(cli(schema, "providers")).stdout
+    assert "simulated_crm" in human
+    assert "page_size (optional)" in human and "client_secret" in human
 
 
 def test_grant_gives_a_role_data_rights(migrated: str) -> None:
@@ -326,6 +346,8 @@ def shared_schema() -> Iterator[str]:
             "simulated",
             "--config",
             '{"base_url": "http://127.0.0.1:9", "tenant": "x"}',
+            "--credentials",
+            GOOD_CREDENTIALS,
         )
     )
     yield name
@@ -335,6 +357,7 @@ def shared_schema() -> Iterator[str]:
 
 CREATE = ["connections", "create", "-w", "w", "-n", "n2", "-p", "simulated"]
 GOOD_CONFIG = '{"base_url": "http://127.0.0.1:9", "tenant": "x"}'
+GOOD_CREDENTIALS = '{"token": "t0k3n-shared"}'
 
 MISTAKES = {
     "unknown connection (show)": (["connections", "show", "999"], ["no connection 999"]),
@@ -346,12 +369,12 @@ MISTAKES = {
     "unknown run (retry)": (["runs", "retry", "999"], ["no run 999"]),
     "unknown workspace (create)": (
         ["connections", "create", "-w", "nope", "-n", "x", "-p", "simulated"],
-        ["no workspace 'nope'"],
+        ["no workspace named 'nope'"],
     ),
     "unknown workspace (list)": (["runs", "list", "--workspace", "nope"], ["no workspace"]),
     "duplicate workspace": (["workspaces", "create", "w"], ["already exists"]),
     "duplicate connection": (
-        ["connections", "create", "-w", "w", "-n", "c", "-p", "simulated", "--config", GOOD_CONFIG],
+        [*CREATE[:5], "c", *CREATE[6:], "--config", GOOD_CONFIG, "--credentials", GOOD_CREDENTIALS],
         ["already has a connection"],
     ),
     "bad config JSON": ([*CREATE, "--config", "{bad"], ["--config is not valid JSON"]),

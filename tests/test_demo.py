@@ -17,7 +17,12 @@ SCRIPT = Path(sys.executable).parent / "connector-sync"
 def test_demo_runs_and_every_claim_holds(schema: str, tmp_path: Path) -> None:
     result = subprocess.run(
         [str(SCRIPT), "demo", "--schema", schema],
-        env={**os.environ, "DATABASE_URL": DATABASE_URL, "CONNECTOR_SYNC_HOME": str(tmp_path)},
+        env={
+            **os.environ,
+            "DATABASE_URL": DATABASE_URL,
+            "CONNECTOR_SYNC_HOME": str(tmp_path),
+            "COLUMNS": "200",  # the claims are matched whole: no table cell wraps
+        },
         capture_output=True,
         text=True,
         timeout=180,

@@ -23,6 +23,7 @@ from sync.lease import read_control, renew
 from sync.queries import QUERIES
 from sync.records import Lease, RecordWriter
 from sync.retry_policy import AbortReason
+from sync.tombstones import TombstonePass
 from tests.conftest import make_settings
 from tests.test_sync_flow import items, new_dataset
 
@@ -41,7 +42,8 @@ CREATE TRIGGER audit AFTER INSERT OR UPDATE ON records
 def claim(engine: Engine, worker_id: str) -> dict[str, Any]:
     with engine.pool.connection() as conn:
         row = conn.execute(
-            QUERIES.claim_run, {"worker_id": worker_id, "lease": timedelta(seconds=120)}
+            QUERIES.claim_run,
+            {"worker_id": worker_id, "lease": timedelta(seconds=120), "providers": None},
         ).fetchone()
     assert row is not None
     return dict(row)
@@ -96,13 +98,14 @@ def test_every_write_of_a_stale_claim_matches_nothing(engine: Engine, admin: Any
             batch.flush()  # which waits for that write
         batch.close()
         with pytest.raises(LeaseLost):
-            stale_writer(table).complete()  # the tombstone pass
+            TombstonePass(db, stale, conn.id, table, AbortSignal()).run(None, confirm=None)
         with pytest.raises(LeaseLost):
             stale_writer(events).write(Checkpoint({"seq": 9}))  # the cursor
         params = {
             "run_id": first["id"],
             "lease_owner": first["lease_owner"],
             "results": None,
+            "attempt_results": None,
             "error": None,
         }
         assert (
@@ -113,6 +116,8 @@ def test_every_write_of_a_stale_claim_matches_nothing(engine: Engine, admin: Any
             == 0
         )
         assert db.execute(QUERIES.requeue_run, {**params, "delay_seconds": 1}).fetchone() is None
+        waited = {**params, "delay_seconds": 1, "waiting_for": "the memory rate limit"}
+        assert db.execute(QUERIES.wait_for_rate_limit, waited).fetchone() is None
         assert db.execute(QUERIES.hand_back_run, params).fetchone()["moved"] == 0
         assert db.execute(QUERIES.save_results, params).fetchone() is None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -10,8 +12,12 @@ from sync.retry_policy import (
     Action,
     TableResult,
     TableStatus,
+    Waiting,
     backoff_delay,
     decide,
+    merged,
+    ordinal,
+    table_status,
 )
 
 SCHEDULE = (5.0, 30.0, 120.0)
@@ -98,7 +104,8 @@ def test_every_attempt_ends_in_exactly_one_sensible_way(
         assert attempts >= max_attempts and outcome.status == "failed"
         return
     ok = [r.status is TableStatus.SUCCEEDED for r in results.values()]
-    expected = "succeeded" if all(ok) else "failed" if not any(ok) else "partial"
+    some = any(ok) or any(r.status is TableStatus.PARTIAL for r in results.values())
+    expected = "succeeded" if all(ok) else "partial" if some else "failed"
     assert outcome.status == expected
     first = next(((name, r.error) for name, r in results.items() if r.error), None)
     if first is None:
@@ -127,3 +134,94 @@ def test_a_retryable_run_error_is_retried() -> None:
         rand=lambda: 0.5,
     )
     assert outcome.action is Action.REQUEUE and outcome.delay == 5.0
+
+
+START = datetime(2024, 5, 6, 10, 0, tzinfo=UTC)
+
+
+def rate_limited(retry_after: float | None) -> TableResult:
+    return TableResult(
+        TableStatus.RETRY,
+        error={"kind": "rate_limited", "message": "429", "retry_after": retry_after},
+    )
+
+
+@given(
+    retry_after=st.one_of(st.none(), st.floats(min_value=0, max_value=20 * 3600)),
+    elapsed=st.floats(min_value=0, max_value=30 * 3600),
+    waits=st.integers(0, 50),
+    attempts=st.integers(1, 3),
+)
+def test_a_rate_limit_waits_without_spending_an_attempt_until_the_deadline(
+    retry_after: float | None, elapsed: float, waits: int, attempts: int
+) -> None:
+    now = START + timedelta(seconds=elapsed)
+    outcome = decide(
+        {"issues": rate_limited(retry_after), "pulls": TableResult(TableStatus.PENDING)},
+        attempts=attempts,
+        max_attempts=3,
+        schedule=SCHEDULE,
+        rand=lambda: 0.5,
+        waiting=Waiting("the github rate limit", START, waits, now, timedelta(hours=24)),
+    )
+    delay = retry_after if retry_after is not None else SCHEDULE[min(waits + 1, 3) - 1]
+    if now + timedelta(seconds=delay) > START + timedelta(hours=24):
+        assert (outcome.action, outcome.status) == (Action.FINISH, "failed")
+        assert outcome.error is not None and outcome.error["kind"] == "deadline"
+        assert "the github rate limit" in outcome.error["message"]
+        assert f"{ordinal(waits + 1)} wait" in outcome.error["message"]
+        assert "run_deadline" in outcome.error["message"]
+    else:
+        # Whatever attempts are left: a wait is not a failure.
+        assert outcome.action is Action.WAIT and outcome.delay == delay
+        assert outcome.waiting_for == "the github rate limit"
+
+
+def test_a_failure_beside_a_rate_limit_spends_an_attempt() -> None:
+    outcome = decide(
+        {
+            "issues": rate_limited(600),
+            "pulls": TableResult(TableStatus.RETRY, error={"kind": "retryable", "message": "502"}),
+        },
+        attempts=1,
+        max_attempts=3,
+        waiting=Waiting("the github rate limit", START, 0, START, timedelta(hours=24)),
+    )
+    assert outcome.action is Action.REQUEUE and outcome.delay == 600
+
+
+def test_ordinals() -> None:
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st",
+    ]  # fmt: skip
+
+
+counts = st.integers(0, 1000)
+results = st.builds(
+    TableResult, status=statuses, upserted=counts, unchanged=counts, tombstoned=counts
+)
+
+
+@given(first=results, second=results)
+def test_run_totals_add_up_every_attempt_and_keep_the_latest_status(
+    first: TableResult, second: TableResult
+) -> None:
+    total = merged(merged(None, first), second)
+    assert total.upserted == first.upserted + second.upserted
+    assert total.unchanged == first.unchanged + second.unchanged
+    assert total.tombstoned == first.tombstoned + second.tombstoned
+    assert total.status is second.status
+
+
+@given(parts=st.dictionaries(st.text(min_size=1, max_size=4), statuses, min_size=1, max_size=5))
+def test_a_partitioned_tables_status(parts: dict[str, TableStatus]) -> None:
+    status = table_status({name: TableResult(s) for name, s in parts.items()})
+    values = set(parts.values())
+    if values & {TableStatus.CANCELLED, TableStatus.RETRY, TableStatus.PENDING}:
+        assert status in (TableStatus.CANCELLED, TableStatus.RETRY, TableStatus.PENDING)
+    elif values == {TableStatus.SUCCEEDED}:
+        assert status is TableStatus.SUCCEEDED
+    elif values & {TableStatus.SUCCEEDED, TableStatus.PARTIAL}:
+        assert status is TableStatus.PARTIAL  # one failing partition fails only its slice
+    else:
+        assert status is TableStatus.FAILED

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
+from connectors import Position, Total
 from connectors.simulated import SimulatedConfig, SimulatedCrm, SimulatedTracker
 from connectors.simulated.server import Simulation, Tenant, start_server
 from connectors.testing import FakeContext, read_table
@@ -169,7 +170,14 @@ def test_connectors_read_through_the_sdk(server: str, simulation: Simulation) ->
     config = SimulatedConfig(base_url=server, tenant="acme", page_size=10)
     context = FakeContext(config=config, credentials={"token": "sim-acme"})
     tracker = SimulatedTracker(context)
-    assert read_table(tracker, "issues") == tenant(simulation).rows("issues")
+    items = read_table(tracker, "issues")
+    assert [i for i in items if isinstance(i, dict)] == tenant(simulation).rows("issues")
+    # Each page says the table's size and, but for the last, where the listing goes on.
+    assert {i.count for i in items if isinstance(i, Total)} == {
+        len(tenant(simulation).rows("issues"))
+    }
+    positions = [i.value["next"] for i in items if isinstance(i, Position)]
+    assert len(positions) == 4 and positions[0].endswith("issues?page=2&per_page=10")
     tracker.close()
     crm = SimulatedCrm(context)
     items = read_table(crm, "deals")
@@ -255,7 +263,9 @@ def test_429_requeues_the_run_after_retry_after(
         credentials={"token": "sim-acme"},
     )
     run = run_sync(engine, conn.id, skip_retry_waits=False)
-    assert run.status == "queued" and run.attempts == 1
+    # Waiting for the provider spends no attempt; the wait is counted and said.
+    assert run.status == "queued" and run.attempts == 0 and run.waits == 1
+    assert run.waiting_for == "the simulated_crm rate limit" and run.waiting_until == run.queued_at
     assert run.error is not None and run.error["kind"] == "rate_limited"
     assert run.results["contacts"]["error"]["retry_after"] == 30
     delay = (run.queued_at - engine.attempts(run.id)[0].finished_at).total_seconds()  # type: ignore[operator]

@@ -230,3 +230,42 @@ def test_batches_written_in_the_background_all_land_in_order(schema: str, admin:
         ).fetchall()
         assert [(a["seq"], a["missing"]) for a in audit] == [(i, 0) for i in range(1, 8)]
         assert set(live(admin, ev.id, "events")) == {f"e{i}" for i in range(1, 8)}
+
+
+# The same audit for read positions: every position saved is checked, at the end of the
+# statement that saves it, against the records it covers (the pages before it). A position must
+# never commit before its batch.
+def test_a_position_is_never_saved_before_the_records_it_covers(schema: str, admin: Any) -> None:
+    """Batches of one record, all written in the background, on pages of three: each position
+    rides with the batch that ends its page, and the records before it are there."""
+    size = 3
+    with Engine(make_settings(schema, batch_size=1)) as engine:
+        engine.migrate()
+        admin.execute("CREATE TABLE position_audit (page int, missing bigint)")
+        admin.execute(
+            "CREATE FUNCTION audit_position_of_run() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "DECLARE c bigint; BEGIN "
+            "SELECT connection_id INTO c FROM connection_runs WHERE id = NEW.run_id; "
+            "IF NEW.position ? 'page' THEN INSERT INTO position_audit "
+            "SELECT (NEW.position->>'page')::int, count(*) FROM generate_series(1, "
+            f"((NEW.position->>'page')::int - 1) * {size}) g WHERE NOT EXISTS (SELECT 1 FROM "
+            "records r WHERE r.connection_id = c AND r.table_name = NEW.table_name "
+            "AND r.external_id = g::text); END IF; RETURN NEW; END $$"
+        )
+        admin.execute(
+            "CREATE TRIGGER audit_position AFTER INSERT OR UPDATE ON run_checkpoints "
+            "FOR EACH ROW EXECUTE FUNCTION audit_position_of_run()"
+        )
+        key, data = new_dataset(items=items(*range(1, 31)))
+        data.failures["items"] = (22, RetryableError("connection reset"))  # on page 8
+        ws = engine.create_workspace("acme")
+        conn = engine.create_connection(
+            ws.id, "pages", "memory_pages", config={"dataset": key, "page_size": size}
+        )
+        run = sync_once(engine, conn.id)
+        assert run.status == "queued"
+        audit = admin.execute(
+            "SELECT DISTINCT page, missing FROM position_audit ORDER BY page"
+        ).fetchall()
+        assert [(a["page"], a["missing"]) for a in audit] == [(p, 0) for p in range(2, 9)]
+        assert set(live(admin, conn.id)) == {str(i) for i in range(1, 22)}

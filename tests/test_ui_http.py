@@ -156,9 +156,12 @@ def test_with_the_csrf_token_each_action_does_what_it_says(engine: Engine, queue
         # A refusal is one clear sentence, on a page or as text.
         again = post("/runs/1/cancel", headers=HTML)
         assert again.status_code == 409
-        assert "run 1 is cancelled; only a queued or running run cancels" in again.text
+        assert (
+            "run 1 has already ended (cancelled); only a queued or running run can be cancelled"
+            in again.text
+        )
         assert post("/runs/1/retry").text.strip() == (
-            "409: run 1 is cancelled; only a failed run can be retried"
+            "409: run 1 has already ended (cancelled); only a failed run can be retried"
         )
         assert post("/runs/99/cancel").status_code == 404
 
@@ -212,7 +215,7 @@ def test_bad_input_gets_a_clear_page_and_the_server_goes_on(
             "/runs?status=exploded": (400, "status must be one of waiting, queued"),
             "/runs?connection=abc": (400, "connection must be a number"),
             "/runs/12345": (404, "no run 12345"),
-            "/connections?workspace=nope": (404, "no workspace 'nope'"),
+            "/connections?workspace=nope": (404, "no workspace named 'nope'"),
             "/no/such/page": (404, "Not Found"),
         }
         for path, (status, text) in cases.items():

@@ -2,9 +2,15 @@
 
 - ``simulated``: its project tracker. Two ``full`` tables, ``projects`` and ``issues``, paged by
   a ``Link`` header: every sync reads everything and the engine tombstones what disappeared.
-- ``simulated_crm``: its CRM. ``contacts`` is ``full``, paged by a cursor in the body; ``deals``
-  is ``incremental``: the cursor is the provider's generation, and the change feed reports
-  deletions explicitly; read from the start (no cursor yet) it is the whole table.
+  The listing is by page number, so it shifts when a row is deleted while it is read: a missing
+  row is confirmed with the provider (``GET .../issues/ID``) before it is tombstoned.
+- ``simulated_crm``: its CRM. ``contacts`` is ``full``, paged by a cursor in the body that is an
+  offset (so it shifts too, and is confirmed the same way); ``deals`` is ``incremental``: the
+  cursor is the provider's generation, and the change feed reports deletions explicitly; read
+  from the start (no cursor yet) it is the whole table.
+
+Every listing is resumable: the next link or cursor is the position a later attempt of the run
+resumes from, and the tracker's ``X-Total-Count`` is the table's total.
 
 Config: ``{"base_url": "http://127.0.0.1:8765", "tenant": "acme"}``; credentials:
 ``{"token": "sim-acme"}``.
@@ -12,17 +18,28 @@ Config: ``{"base_url": "http://127.0.0.1:8765", "tenant": "acme"}``; credentials
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from connectors.auth import BearerToken
-from connectors.base import Checkpoint, Connector, Deleted, Item, Mode, Resync, Table
+from connectors.base import (
+    Checkpoint,
+    Connector,
+    Deleted,
+    Item,
+    Mode,
+    Position,
+    Resync,
+    Table,
+    Total,
+)
 from connectors.context import ConnectorContext
+from connectors.credentials import TokenCredentials
 from connectors.errors import PermanentError
 from connectors.http import HttpClient
-from connectors.paging import cursor_pages, link_header_pages
+from connectors.paging import cursor_pages, link_header_pages, next_link
 
 
 class SimulatedConfig(BaseModel):
@@ -44,6 +61,7 @@ class SimulatedConfig(BaseModel):
 
 class _Simulated(Connector):
     config_model = SimulatedConfig
+    credentials_model = TokenCredentials
     api: str
 
     def __init__(self, context: ConnectorContext) -> None:
@@ -66,22 +84,43 @@ class _Simulated(Connector):
     def close(self) -> None:
         self.http.close()
 
+    def confirm_deleted(
+        self, table: Table, partition: str | None, missing: Mapping[str, Mapping[str, Any]]
+    ) -> Collection[str]:
+        """A row the listing did not show is gone if the provider answers 404 for it."""
+        gone = []
+        for key in missing:
+            response = self.http.get(f"{table.name}/{key}", expect=(404,))
+            if response.status_code == 404:
+                gone.append(key)
+        return gone
+
 
 class SimulatedTracker(_Simulated):
     """The tracker API: ``projects`` and ``issues``, both read in full every sync."""
 
     provider = "simulated"
     api = "tracker"
-    tables = (Table("projects"), Table("issues"))
+    tables = (Table("projects", shifting=True), Table("issues", shifting=True))
 
-    def read(self, table: Table) -> Iterator[list[Any]]:
-        for response in link_header_pages(
-            self.http, table.name, params={"per_page": self.config.page_size}
-        ):
+    def read(self, table: Table) -> Iterator[Item | list[Any]]:
+        resumed = self.context.position(table.name)
+        url, params = (
+            (resumed["next"], None)
+            if resumed
+            else (table.name, {"per_page": self.config.page_size})
+        )
+        for response in link_header_pages(self.http, url, params=params):
             rows = self.http.json_of(response)
             if not isinstance(rows, list):
                 raise PermanentError(f"{table.name}: expected a JSON list page")
+            count = response.headers.get("x-total-count")
+            if count is not None and count.isdigit():
+                yield Total(int(count))
             yield rows
+            following = next_link(response)
+            if following is not None:
+                yield Position({"next": following})
 
 
 class SimulatedCrm(_Simulated):
@@ -89,34 +128,46 @@ class SimulatedCrm(_Simulated):
 
     provider = "simulated_crm"
     api = "crm"
-    tables = (Table("contacts"), Table("deals", mode=Mode.INCREMENTAL))
+    tables = (Table("contacts", shifting=True), Table("deals", mode=Mode.INCREMENTAL))
 
     def read(self, table: Table) -> Iterator[Item | list[Item]]:
+        resumed = self.context.position(table.name) or {}
         if table.name == "contacts":
-            for body in self._pages("contacts", {}):
+            for body in self._pages("contacts", {}, resumed.get("cursor")):
                 yield body["data"]
+                if body.get("next_cursor"):
+                    yield Position({"cursor": body["next_cursor"]})
             return
-        saved = self.context.cursor("deals") or {}
-        params = {} if saved.get("generation") is None else {"since": saved["generation"]}
-        if not params:
-            # From the start the feed lists every live deal: the whole table, so deals an
-            # unfinished earlier sync wrote and the provider has deleted since are tombstoned.
-            yield Resync()
+        if resumed:
+            since = resumed.get("since")
+        else:
+            since = (self.context.cursor("deals") or {}).get("generation")
+            if since is None:
+                # From the start the feed lists every live deal: the whole table, so deals an
+                # unfinished earlier sync wrote and the provider has deleted since are
+                # tombstoned.
+                yield Resync()
+        params = {} if since is None else {"since": since}
         generation = None
-        for body in self._pages("deals/changes", params):
+        for body in self._pages("deals/changes", params, resumed.get("cursor")):
             generation = body.get("generation")
             yield [Deleted(str(row["id"])) if row.get("deleted") else row for row in body["data"]]
+            if body.get("next_cursor"):
+                yield Position({"cursor": body["next_cursor"], "since": since})
         if generation is not None:
             # Every change up to this generation is written: resume after it next time.
             yield Checkpoint({"generation": generation})
 
-    def _pages(self, path: str, params: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    def _pages(
+        self, path: str, params: dict[str, Any], resume: str | None
+    ) -> Iterator[dict[str, Any]]:
         for body in cursor_pages(
             self.http,
             path,
             cursor_param="cursor",
             next_cursor=lambda b: b.get("next_cursor") if isinstance(b, dict) else None,
             params={**params, "limit": self.config.page_size},
+            start=resume,
         ):
             if not isinstance(body, dict) or not isinstance(body.get("data"), list):
                 raise PermanentError(f"{path}: expected a JSON object with a `data` list")

@@ -7,10 +7,12 @@ and deleting a seeded, reproducible set of rows.
 Each tenant (one customer account) has two APIs:
 
 - a project tracker (provider ``simulated``): ``/tracker/TENANT/projects`` and ``.../issues``,
-  paged by ``page``/``per_page`` with an RFC 8288 ``Link: <...>; rel="next"`` header;
+  paged by ``page``/``per_page`` with an RFC 8288 ``Link: <...>; rel="next"`` header and the
+  count in ``X-Total-Count``, and one row by id (``.../issues/ID``, 404 once it is deleted);
 - a CRM (provider ``simulated_crm``): ``/crm/TENANT/contacts``, paged by an opaque ``cursor``
-  returned as ``next_cursor`` in the body, and ``/crm/TENANT/deals/changes?since=GENERATION``, an
-  incremental feed of changed rows and deletions.
+  returned as ``next_cursor`` in the body (one contact by id at ``.../contacts/ID``), and
+  ``/crm/TENANT/deals/changes?since=GENERATION``, an incremental feed of changed rows and
+  deletions.
 
 Start it in-process with :func:`start_server` (tests, the demo) or from a shell with
 ``python -m connectors.simulated.server``. The full API is in docs/simulated-provider.md.
@@ -48,12 +50,20 @@ class Faults:
 
     ``script`` is consumed one entry per data request (``"429"``, ``"503"``, ``"401"`` or
     ``"ok"``); once it is empty, every ``rate_limit_every``-th request gets a 429 and every
-    ``unavailable_every``-th a 503 (counting all data requests of the tenant)."""
+    ``unavailable_every``-th a 503 (counting all data requests of the tenant).
+
+    ``budget`` is a rate window, as real APIs count them: once that many data requests were
+    served in the current window, every request gets a 429 whose Retry-After is ``window``
+    seconds, until the window ends. The window ends when :meth:`Tenant.reset_window` says so,
+    which is the tests' clock: no test waits for it."""
 
     script: deque[str] = field(default_factory=deque)
     rate_limit_every: int | None = None
     unavailable_every: int | None = None
     retry_after: float = 2.0
+    budget: int | None = None
+    window: float = 3600.0
+    used: int = 0  # data requests served in the current window
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -61,6 +71,9 @@ class Faults:
             "rate_limit_every": self.rate_limit_every,
             "unavailable_every": self.unavailable_every,
             "retry_after": self.retry_after,
+            "budget": self.budget,
+            "window": self.window,
+            "used": self.used,
         }
 
 
@@ -113,6 +126,8 @@ class Tenant:
         self.generation = 0
         self.faults = Faults()
         self.stats = Stats()
+        self.log: list[str] = []  # every data request's path and query, in order
+        self._hooks: dict[str, Callable[[int, int], None]] = {}
         self._lock = lock
         self._tables: dict[str, _Table] = {t: _Table() for t in (*TRACKER_TABLES, *CRM_TABLES)}
         counts = {
@@ -153,6 +168,21 @@ class Tenant:
                 summary[table] = {"added": added, "updated": touched, "deleted": doomed}
             return summary
 
+    def reset_window(self) -> None:
+        """The rate window ends: the budget is whole again."""
+        with self._lock:
+            self.faults.used = 0
+
+    def on_change(self, table: str, hook: Callable[[int, int], None] | None) -> None:
+        """Call ``hook(page, per_page)`` while a page of ``table`` is being served, under the
+        simulation's lock, before the page is cut: tests act at an exact moment of a read (a
+        worker killed while it asks for page 12)."""
+        with self._lock:
+            if hook is None:
+                self._hooks.pop(table, None)
+            else:
+                self._hooks[table] = hook
+
     def script_faults(self, *faults: str) -> None:
         """Answer the next data requests with these, in order (``"429"``, ``"503"``, ...)."""
         for fault in faults:
@@ -168,13 +198,19 @@ class Tenant:
         unavailable_every: int | None = None,
         retry_after: float | None = None,
         page_delay: float | None = None,
+        budget: int | None = None,
+        window: float | None = None,
     ) -> None:
-        """Set the periodic faults (None: none), and optionally the Retry-After and delay."""
+        """Set the periodic faults and the rate window's budget (None: none), and optionally
+        the Retry-After, the window's length and the delay."""
         with self._lock:
             self.faults.rate_limit_every = rate_limit_every
             self.faults.unavailable_every = unavailable_every
+            self.faults.budget = budget
             if retry_after is not None:
                 self.faults.retry_after = retry_after
+            if window is not None:
+                self.faults.window = window
             if page_delay is not None:
                 self.page_delay = page_delay
 
@@ -182,6 +218,12 @@ class Tenant:
         """The live rows of a table, as the API serves them."""
         with self._lock:
             return [dict(r) for r in self._tables[table].live()]
+
+    def row(self, table: str, row_id: int) -> dict[str, Any] | None:
+        """One live row, or None once it is deleted."""
+        with self._lock:
+            found = self._tables[table].rows.get(row_id)
+            return dict(found) if found is not None else None
 
     def describe(self) -> dict[str, Any]:
         with self._lock:
@@ -203,6 +245,9 @@ class Tenant:
         with self._lock:
             self.stats.requests += 1
             n = self.stats.requests
+            if self.faults.budget is not None and self.faults.used >= self.faults.budget:
+                self.stats.rate_limited += 1
+                return "budget"
             if self.faults.script:
                 fault = self.faults.script.popleft()
             elif self.faults.rate_limit_every and n % self.faults.rate_limit_every == 0:
@@ -217,14 +262,21 @@ class Tenant:
                 self.stats.unavailable += 1
             elif fault == "401":
                 self.stats.unauthorized += 1
+            else:
+                self.faults.used += 1
             return fault
 
-    def page(self, table: str, offset: int, limit: int) -> tuple[list[dict[str, Any]], bool]:
-        """Rows [offset, offset + limit) of a table and whether more follow."""
+    def page(self, table: str, offset: int, limit: int) -> tuple[list[dict[str, Any]], bool, int]:
+        """Rows [offset, offset + limit) of a table, whether more follow, and how many rows it
+        has."""
         with self._lock:
             self.stats.pages += 1
+            hook = self._hooks.get(table)
+            if hook is not None:
+                hook(offset // limit + 1, limit)
             rows = self._tables[table].live()
-            return [dict(r) for r in rows[offset : offset + limit]], offset + limit < len(rows)
+            found = [dict(r) for r in rows[offset : offset + limit]]
+            return found, offset + limit < len(rows), len(rows)
 
     def changes(
         self, table: str, since: int | None, after: int, limit: int, started_at: int | None
@@ -465,11 +517,20 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HTTPError(401, "missing or wrong bearer token")
         route = "/".join(rest)
         known = TRACKER_TABLES if api == "tracker" else ("contacts", "deals/changes")
-        if route not in known:
+        item = len(rest) == 2 and rest[0] in (TRACKER_TABLES if api == "tracker" else ("contacts",))
+        if route not in known and not item:
             with tenant._lock:
                 tenant.stats.not_found += 1
             raise _HTTPError(404, f"no such endpoint: /{api}/{tenant_name}/{route}")
+        with tenant._lock:
+            tenant.log.append(self.path.split("/", 3)[-1])
         fault = tenant.fault_for_next_request()
+        if fault == "budget":
+            raise _HTTPError(
+                429,
+                "rate limit exceeded for this window",
+                {"Retry-After": _format_seconds(tenant.faults.window)},
+            )
         if fault == "429":
             raise _HTTPError(
                 429,
@@ -482,13 +543,24 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HTTPError(401, "the token was revoked")
         if tenant.page_delay:
             time.sleep(tenant.page_delay)
+        if item:
+            try:
+                row_id = int(rest[1])
+            except ValueError:
+                raise _HTTPError(404, f"no {rest[0]} {rest[1]!r}") from None
+            found = tenant.row(rest[0], row_id)
+            if found is None:
+                with tenant._lock:
+                    tenant.stats.not_found += 1
+                raise _HTTPError(404, f"no {rest[0]} {row_id}: it does not exist or was deleted")
+            return 200, found, {}
         if api == "tracker":
             return self._tracker_page(tenant, route, query)
         cursor = query.get("cursor")
         if route == "contacts":
             size = _page_size(query, "limit")
             [offset] = _decode_cursor(cursor[-1], "o", 1) if cursor else [0]
-            rows, more = tenant.page("contacts", offset, size)
+            rows, more, _ = tenant.page("contacts", offset, size)
             next_cursor = _encode_cursor("o", offset + size) if more else None
             return 200, {"data": rows, "next_cursor": next_cursor}, {}
         size = _page_size(query, "limit")
@@ -506,8 +578,8 @@ class _Handler(BaseHTTPRequestHandler):
         assert page is not None
         if page < 1:
             raise _HTTPError(400, "page starts at 1")
-        rows, more = tenant.page(table, (page - 1) * size, size)
-        headers = {}
+        rows, more, count = tenant.page(table, (page - 1) * size, size)
+        headers = {"X-Total-Count": str(count)}
         if more:
             host = self.headers.get("Host") or "127.0.0.1"
             params = urlencode({"page": page + 1, "per_page": size})

@@ -20,11 +20,10 @@ from typing import Any
 
 import httpx
 import orjson
-from pydantic import BaseModel
 
 from connectors.auth import BearerToken
-from connectors.context import ConnectorContext
-from connectors.errors import AuthError, ConnectorError, PermanentError
+from connectors.context import CachedResponse, RequestContext
+from connectors.errors import ConnectorError, PermanentError
 from connectors.http import HttpClient
 from connectors.http_policy import Classification, Verdict, classify
 from sync import redact
@@ -73,17 +72,10 @@ def classify_openai(response: httpx.Response, now: datetime) -> Classification |
     return Classification(Verdict.RATE_LIMITED, max(waits)) if waits else standard
 
 
-class _Unconfigured(BaseModel):
-    pass
-
-
 class StandaloneContext:
     """The services an HTTP client needs, outside any job: real sleeps, no abort, no shared
-    rate budget. Inside a job, pass the job's context instead, so a cancel stops a request."""
-
-    config: BaseModel = _Unconfigured()
-    credentials: Mapping[str, Any] = {}
-    aborted = False
+    rate budget, no ETag cache. Inside a job, pass the job's context instead, so a cancel stops
+    a request."""
 
     def __init__(
         self, max_inline_wait: float = 30.0, sleep: Callable[[float], None] | None = None
@@ -92,24 +84,22 @@ class StandaloneContext:
         self._sleep = sleep or time.sleep
         self.logger = logging.LoggerAdapter(logging.getLogger("sync.documents.embeddings"), {})
 
-    def cursor(self, table: str) -> Any | None:
-        return None
-
     def check_abort(self) -> None:
         return None
 
     def sleep(self, seconds: float) -> None:
         self._sleep(seconds)
 
-    def refresh_credentials(
-        self, refresh: Callable[[Mapping[str, Any]], Mapping[str, Any]]
-    ) -> Mapping[str, Any]:
-        raise AuthError("an API key cannot be refreshed; set a valid one")
-
     def report_rate_limit(self, until: datetime, reason: str) -> None:
         self.logger.warning("embeddings endpoint rate limited until %s (%s)", until, reason)
 
     def rate_limited_until(self) -> datetime | None:
+        return None
+
+    def cached_response(self, url: str) -> CachedResponse | None:
+        return None
+
+    def store_response(self, url: str, response: CachedResponse) -> None:
         return None
 
 
@@ -127,7 +117,7 @@ class OpenAIEmbeddings:
         api_key: str,
         send_dimensions: bool = False,
         batch_size: int = DEFAULT_BATCH,
-        context: ConnectorContext | None = None,
+        context: RequestContext | None = None,
     ) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(

@@ -55,6 +55,12 @@ def result(
     }
 
 
+def plain(results: dict[str, Any]) -> dict[str, Any]:
+    """Per-table results without the per-partition detail and the provider's totals."""
+    keys = ("status", "upserted", "unchanged", "tombstoned", "error")
+    return {table: {k: r[k] for k in keys} for table, r in results.items()}
+
+
 def stored_credentials(engine: Engine, connection_id: int) -> dict[str, Any]:
     """The connection's credentials as saved (decrypted)."""
     with engine.pool.connection() as conn:

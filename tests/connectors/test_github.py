@@ -20,6 +20,7 @@ from tests.connectors.helpers import (
     json_response,
     live_ids,
     now,
+    plain,
     requeued_in,
     result,
     tombstoned_ids,
@@ -93,7 +94,7 @@ def test_first_sync_then_updates_deletions_and_additions(
 
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded", run.error
-    assert run.results == {"issues": result(upserted=3), "pull_requests": result(upserted=2)}
+    assert plain(run.results) == {"issues": result(upserted=3), "pull_requests": result(upserted=2)}
     # Pull request #1348 is listed by the issues endpoint too, but belongs to pull_requests.
     assert live_ids(sync_engine, conn_id, "issues") == {"1", "2268350733", "2270881045"}
     assert live_ids(sync_engine, conn_id, "pull_requests") == {"1827561250", "1827561311"}
@@ -104,14 +105,12 @@ def test_first_sync_then_updates_deletions_and_additions(
     assert issues_2.calls.last.request.url == PAGE_2
 
     # Upstream: #1347 closed, #1349 deleted, #1350 untouched, #1352 opened, PR #1348 merged.
-    page_1 = fixture("github", "issues_page1.json")
-    page_1[0].update(state="closed", state_reason="completed", closed_at="2024-05-06T10:00:00Z")
-    page_1 = page_1[:2]
-    issues.mock(return_value=github(page_1, link=f'<{PAGE_2}>; rel="next"'))
-    issues_2.mock(
-        return_value=last_page(
-            [*fixture("github", "issues_page2.json"), fixture("github", "issue_new.json")]
-        )
+    # The next sync asks only for what changed since the first one began (newest first).
+    closed = fixture("github", "issues_page1.json")[0]
+    closed.update(state="closed", state_reason="completed", closed_at="2024-05-06T10:00:00Z")
+    closed["updated_at"] = "2024-05-06T10:00:00Z"
+    since = respx_mock.get(ISSUES, params={"sort": "updated", "direction": "desc"}).mock(
+        return_value=github([fixture("github", "issue_new.json"), closed])
     )
     prs = fixture("github", "pulls.json")
     merged_at = "2024-05-06T10:00:00Z"
@@ -120,16 +119,40 @@ def test_first_sync_then_updates_deletions_and_additions(
 
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded", run.error
-    assert run.results == {
-        "issues": result(upserted=2, unchanged=1, tombstoned=1),
+    assert plain(run.results) == {
+        "issues": result(upserted=2),
         "pull_requests": result(upserted=1, unchanged=1),
     }
-    assert live_ids(sync_engine, conn_id, "issues") == {"1", "2270881045", "2281004112"}
-    assert tombstoned_ids(sync_engine, conn_id, "issues") == {"2268350733"}
-    closed = {r.external_id: r.data for r in sync_engine.records(conn_id, "issues")}["1"]
-    assert closed["state"] == "closed"
+    saved = sync_engine.records(conn_id, "issues")
+    assert since.calls.last.request.url.params["since"] <= min(
+        r.first_seen_at for r in saved
+    ).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert {r.external_id for r in saved} == {"1", "2268350733", "2270881045", "2281004112"}
     merged = {r.external_id: r.data for r in sync_engine.records(conn_id, "pull_requests")}
     assert merged["1827561250"]["merged_at"] == "2024-05-06T10:00:00Z"
+
+    # The daily complete pass lists everything again; #1349 is missing, and GitHub confirms it
+    # is gone before it is tombstoned.
+    with sync_engine.pool.connection() as db:
+        db.execute("UPDATE table_state SET last_full_sync_at = now() - interval '2 days'")
+    page_1 = [closed, fixture("github", "issues_page1.json")[1]]
+    issues.mock(return_value=github(page_1, link=f'<{PAGE_2}>; rel="next"'))
+    issues_2.mock(
+        return_value=last_page(
+            [*fixture("github", "issues_page2.json"), fixture("github", "issue_new.json")]
+        )
+    )
+    gone = respx_mock.get(f"{ISSUES}/1349").mock(
+        return_value=github({"message": "Not Found", "status": "404"}, 404)
+    )
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    assert plain(run.results)["issues"] == result(unchanged=3, tombstoned=1)
+    assert gone.call_count == 1
+    assert live_ids(sync_engine, conn_id, "issues") == {"1", "2270881045", "2281004112"}
+    assert tombstoned_ids(sync_engine, conn_id, "issues") == {"2268350733"}
+    issue = {r.external_id: r.data for r in sync_engine.records(conn_id, "issues")}["1"]
+    assert issue["state"] == "closed"
 
 
 @pytest.mark.parametrize(
@@ -146,7 +169,7 @@ def test_a_long_retry_after_requeues_the_run_at_that_time(
     conn_id = connect(sync_engine)
     before = now()
     run = run_sync(sync_engine, conn_id, skip_retry_waits=False)
-    assert run.attempts == 1
+    assert (run.attempts, run.waits) == (0, 1)  # a wait spends no attempt
     assert abs(requeued_in(run, after=before) - 600) <= 2
     assert run.results["issues"]["status"] == "retry"
     assert run.results["issues"]["error"]["kind"] == "rate_limited"
@@ -168,7 +191,7 @@ def test_a_short_retry_after_is_slept_inside_the_run(
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded" and run.attempts == 1
     assert issues.call_count == 2
-    assert run.results["issues"] == result(upserted=1)
+    assert plain(run.results)["issues"] == result(upserted=1)
 
 
 def test_a_spent_primary_budget_stops_before_the_next_request_until_the_reset(
@@ -244,7 +267,7 @@ def test_an_endless_next_link_ends_the_table_and_keeps_what_was_read(
     assert issues["status"] == "failed" and issues["upserted"] == 3
     assert "paging loop" in issues["error"]["message"]
     assert live_ids(sync_engine, conn_id, "issues") == {"1", "2268350733", "2270881045"}
-    assert run.results["pull_requests"] == result(upserted=2)
+    assert plain(run.results)["pull_requests"] == result(upserted=2)
 
 
 def test_malformed_json_fails_the_table_after_its_retries_and_loses_nothing(
@@ -261,7 +284,9 @@ def test_malformed_json_fails_the_table_after_its_retries_and_loses_nothing(
     run = run_sync(sync_engine, conn_id)
     assert run.status == "failed" and run.attempts == 3
     assert pulls.call_count == 3
-    assert run.results["issues"] == result(upserted=1)  # settled in attempt 1, not read again
+    assert plain(run.results)["issues"] == result(
+        upserted=1
+    )  # settled in attempt 1, not read again
     assert run.results["pull_requests"]["status"] == "failed"
     assert "not valid JSON" in run.results["pull_requests"]["error"]["message"]
     assert live_ids(sync_engine, conn_id, "issues") == {"2270881045"}

@@ -30,6 +30,7 @@ from tests.connectors.helpers import (
     json_response,
     live_ids,
     now,
+    plain,
     requeued_in,
     result,
     stored_credentials,
@@ -180,7 +181,7 @@ def test_first_sync_then_updates_deletions_and_additions(
 
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded", run.error
-    assert run.results == {
+    assert plain(run.results) == {
         "companies": result(upserted=2),
         "projects": result(upserted=3),
         "rfis": result(upserted=3),
@@ -210,14 +211,37 @@ def test_first_sync_then_updates_deletions_and_additions(
     fresh.update(id=281090, number="2", subject="Door hardware at the MRI suite", status="open")
     routes[f"rfis_{MEDICAL}"].mock(return_value=procore([fresh], total=1))
 
+    # The project is confirmed gone before it is tombstoned; RFIs are asked for by update
+    # time, per project, so the recycled one is not known gone yet.
+    parking = respx_mock.get(f"{PROJECTS}/{PARKING}").mock(
+        return_value=procore({"errors": "404 Not Found"}, 404)
+    )
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded", run.error
-    assert run.results == {
+    assert plain(run.results) == {
         "companies": result(unchanged=2),
         "projects": result(unchanged=2, tombstoned=1),
-        "rfis": result(upserted=2, unchanged=1, tombstoned=1),
+        "rfis": result(upserted=2, unchanged=1),
     }
+    assert parking.call_count == 1
     assert tombstoned_ids(sync_engine, conn_id, "projects") == {str(PARKING)}
+    window = routes[f"rfis_{HARBOR}"].calls.last.request.url.params["filters[updated_at]"]
+    since, until = window.split("...")
+    assert since <= until  # from when the first sync began to read the project, to now
+    assert set(run.results["rfis"]["partitions"]) == {str(HARBOR), str(MEDICAL)}
+
+    # The daily complete pass lists every RFI: the recycled one is missing, and Procore confirms
+    # it is gone (404).
+    with sync_engine.pool.connection() as db:
+        db.execute("UPDATE table_state SET last_full_sync_at = now() - interval '2 days'")
+    recycled = respx_mock.get(f"{rfis_url(MEDICAL)}/281007").mock(
+        return_value=procore({"errors": "404 Not Found"}, 404)
+    )
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    assert plain(run.results)["rfis"] == result(unchanged=3, tombstoned=1)
+    assert "filters[updated_at]" not in routes[f"rfis_{HARBOR}"].calls.last.request.url.params
+    assert recycled.call_count == 1
     assert tombstoned_ids(sync_engine, conn_id, "rfis") == {"281007"}
     assert live_ids(sync_engine, conn_id, "rfis") == {"274801", "274833", "281090"}
 
@@ -275,7 +299,7 @@ def test_a_429_waits_until_the_reset_it_names(
     )
     conn_id = connect(sync_engine)
     run = run_sync(sync_engine, conn_id, skip_retry_waits=False)
-    assert run.attempts == 1
+    assert (run.attempts, run.waits) == (0, 1)  # a wait spends no attempt
     assert abs(run.queued_at.timestamp() - reset) <= 2
     assert run.results["companies"]["error"]["kind"] == "rate_limited"
 
@@ -318,7 +342,7 @@ def test_a_reset_a_moment_away_is_waited_for_inside_the_run(
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded" and run.attempts == 1
     assert companies.call_count == 2
-    assert run.results["companies"] == result(upserted=2)
+    assert plain(run.results)["companies"] == result(upserted=2)
 
 
 def test_the_last_request_of_the_budget_holds_the_next_one_until_the_reset(
@@ -332,7 +356,7 @@ def test_the_last_request_of_the_budget_holds_the_next_one_until_the_reset(
     )
     conn_id = connect(sync_engine)
     run = run_sync(sync_engine, conn_id, skip_retry_waits=False)
-    assert run.results["companies"] == result(upserted=2)
+    assert plain(run.results)["companies"] == result(upserted=2)
     assert run.results["projects"]["error"]["kind"] == "rate_limited"
     assert abs(run.queued_at.timestamp() - reset) <= 2
 
@@ -354,14 +378,19 @@ def test_a_record_without_a_primary_key_fails_its_table_and_loses_nothing(
     run = run_sync(sync_engine, conn_id)
     assert run.status == "partial"
     rfis = run.results["rfis"]
-    assert rfis["status"] == "failed"
-    assert rfis["error"]["message"] == "a record of table 'rfis' has no primary key field 'id'"
-    # What came before the bad record is written; the table failed, so nothing is tombstoned.
+    # The project with the bad record fails; the others are read.
+    assert rfis["status"] == "partial"
+    assert rfis["partitions"][str(MEDICAL)]["error"]["message"] == (
+        f"{MEDICAL}: a record of table 'rfis' has no primary key field 'id'"
+    )
+    assert str(MEDICAL) in rfis["error"]["message"]
+    assert rfis["partitions"][str(HARBOR)]["status"] == "succeeded"
+    # What came before the bad record is written; nothing is tombstoned.
     assert (rfis["upserted"], rfis["unchanged"], rfis["tombstoned"]) == (1, 1, 0)
     records = {r.external_id: r.data for r in sync_engine.records(conn_id, "rfis")}
     assert set(records) == {"274801", "274833", "281007"}
     assert records["274801"]["status"] == "closed"
-    assert run.results["projects"] == result(unchanged=3)
+    assert plain(run.results)["projects"] == result(unchanged=3)
 
 
 # -- offline, with FakeContext -------------------------------------------------------------

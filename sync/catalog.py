@@ -1,0 +1,77 @@
+"""What each installed provider needs and syncs, read from its connector class: its tables, and
+the fields of its config and credentials models (name, type, required or optional, default).
+``connector-sync providers`` prints it; it is also what to write in ``--config`` and
+``--credentials``."""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+import connectors
+from connectors.base import Connector
+
+
+def describe_providers() -> list[dict[str, Any]]:
+    """Every installed provider, by name."""
+    return [describe_provider(name, cls) for name, cls in connectors.providers().items()]
+
+
+def describe_provider(name: str, cls: type[Connector]) -> dict[str, Any]:
+    return {
+        "provider": name,
+        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "tables": [
+            {"name": t.name, "mode": t.mode.value, "primary_key": t.primary_key} for t in cls.tables
+        ],
+        "config": describe_fields(cls.config_model),
+        # None: the connector declares no credentials model, so any are accepted.
+        "credentials": (
+            describe_fields(cls.credentials_model) if cls.credentials_model is not None else None
+        ),
+    }
+
+
+def describe_fields(model: type[BaseModel]) -> list[dict[str, Any]]:
+    return [_field(name, info) for name, info in model.model_fields.items()]
+
+
+def _field(name: str, info: FieldInfo) -> dict[str, Any]:
+    described: dict[str, Any] = {
+        "name": name,
+        "type": type_name(info.annotation),
+        "required": info.is_required(),
+    }
+    if not info.is_required():
+        default = info.get_default(call_default_factory=True)
+        if default is not PydanticUndefined:
+            described["default"] = default if _plain(default) else str(default)
+    if info.description:
+        described["description"] = info.description
+    return described
+
+
+def type_name(annotation: Any) -> str:
+    """A type as a person reads it: ``str``, ``int``, ``list[str]``, ``str | None``."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return type_name(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(a) for a in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return " | ".join(repr(a) for a in typing.get_args(annotation))
+    if origin is not None:
+        args = ", ".join(type_name(a) for a in typing.get_args(annotation))
+        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
+    if annotation is type(None):
+        return "None"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _plain(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool | list | dict)

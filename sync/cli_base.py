@@ -1,0 +1,366 @@
+"""What every command of ``connector-sync`` shares: the Typer apps and their help, the one-line
+errors (exit 2, never a traceback, never a password), which database a command uses and says it
+used, opening the Engine on it, parsing durations and JSON input, and the tables of runs.
+
+Commands live by subject in ``sync.cli`` (sync and runs, the entry point),
+``sync.cli_tenants`` (workspaces and connections) and ``sync.cli_operate`` (schema, workers,
+records, providers, secrets, the embedded database, the demo).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, NoReturn, ParamSpec, TypeVar
+
+import psycopg
+import typer
+import typer.core
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+import connectors
+from sync import overview
+from sync.api import Engine, describe_database
+from sync.console import (
+    Cell,
+    Col,
+    console,
+    error_text,
+    fitted_table,
+    format_duration,
+    styled,
+    when,
+)
+from sync.database_url import describe, is_valid, scrub
+from sync.db import connect, first_line
+from sync.embedded import data_dir, embedded_url
+from sync.errors import SyncError
+from sync.models import Run, WorkerInfo
+from sync.settings import Settings
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+USER_ERROR = 2
+RUN_FAILED = 1
+INTERRUPTED = 130
+RUN_STATUSES = ("waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled")
+
+
+def _without_flag_placeholders(params: Sequence[Any]) -> None:
+    # typer shows a type placeholder such as `<bool>` after every flag, `--help` included, and
+    # `<str>` or `<int>` after an option or argument that names no placeholder of its own:
+    # flags get none, the others their name (`--host HOST`, `{RUN}`).
+    for param in params:
+        if param.metavar is not None:
+            continue
+        param.metavar = "" if getattr(param, "is_flag", False) else param.name.upper()
+
+
+class _Group(typer.core.TyperGroup):
+    """Help that shows flags without a type placeholder, for every command of the group."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        _without_flag_placeholders(params)
+        return params
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            _without_flag_placeholders(command.get_params(ctx))
+        return command
+
+
+def command_group(help_text: str) -> typer.Typer:
+    return typer.Typer(help=help_text, cls=_Group, no_args_is_help=True)
+
+
+app = typer.Typer(
+    name="connector-sync",
+    help="Keep third-party SaaS data synced into your Postgres, with Postgres as the queue.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    cls=_Group,
+)
+workspaces_app = command_group("Workspaces: the tenants connections belong to.")
+connections_app = command_group("Connections: one provider account synced into Postgres.")
+runs_app = command_group("Runs: syncs and purges, their attempts and results.")
+records_app = command_group("Records: the rows synced from providers.")
+secrets_app = command_group("Secrets: the keys that encrypt connection credentials.")
+db_app = command_group("The embedded Postgres used when DATABASE_URL is unset.")
+app.add_typer(workspaces_app, name="workspaces")
+app.add_typer(connections_app, name="connections")
+app.add_typer(runs_app, name="runs")
+app.add_typer(records_app, name="records")
+app.add_typer(secrets_app, name="secrets")
+app.add_typer(db_app, name="db")
+
+JsonOption = typer.Option(False, "--json", help="Print one JSON document for scripts.")
+WorkspaceOption = typer.Option(
+    None, "--workspace", "-w", metavar="WORKSPACE", help="Workspace id (digits) or name."
+)
+
+
+def ConnectionArg() -> Any:
+    return typer.Argument(..., metavar="CONNECTION", min=1, help="A connection id.")
+
+
+def RunArg() -> Any:
+    return typer.Argument(..., metavar="RUN", min=1, help="A run id.")
+
+
+def stdout() -> Console:
+    return console()
+
+
+# -- errors: one line, exit 2 ------------------------------------------------------------------
+
+
+def fail(message: str, code: int = USER_ERROR) -> NoReturn:
+    """Print one line on stderr, naming the database the command used, and exit."""
+    line = " ".join(scrub(str(message), session.url).split())
+    if session.where and session.target not in line:
+        line += f" (database: {session.where})"
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    raise typer.Exit(code)
+
+
+def guarded(command: Callable[P, R]) -> Callable[P, R]:
+    """Turns the errors a user can cause into one line and exit code 2, and says which
+    database the command used once it succeeded."""
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            result = command(*args, **kwargs)
+        except SyncError as exc:
+            fail(str(exc))
+        except ValidationError as exc:  # a setting from the environment
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            fail(f"invalid setting ({problems})")
+        except connectors.UnknownProvider as exc:
+            fail(str(exc))
+        except psycopg.OperationalError as exc:
+            fail(f"the database connection failed: {first_line(exc)}")
+        except psycopg.Error as exc:
+            fail(f"the database refused the request: {first_line(exc)}", code=1)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr, flush=True)
+            raise typer.Exit(INTERRUPTED) from None
+        session.announce()
+        return result
+
+    return wrapper
+
+
+# -- the database ------------------------------------------------------------------------------
+
+
+class _Session:
+    """Which database this command uses, said once on stderr (and in its error, if any)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.where: str | None = None  # the database and schema, for people
+        self.target = ""  # the database alone: an error that names it needs no suffix
+        self.url: str | None = None  # DATABASE_URL, whose secrets no message may show
+        self._announced = False
+
+    def use(self, settings: Settings, *, embedded: bool = False) -> None:
+        url = None if embedded else settings.database_url
+        self.url = settings.database_url
+        if url and not is_valid(url):  # its error says what is wrong with it
+            self.where = None
+            return
+        self.target = describe(url) if url else str(data_dir(settings.home))
+        self.where = describe_database(settings.model_copy(update={"database_url": url}))
+
+    def announce(self) -> None:
+        if self.where and not self._announced:
+            self._announced = True
+            print(f"database: {self.where}", file=sys.stderr, flush=True)
+
+
+session = _Session()
+
+
+def load_settings(**overrides: Any) -> Settings:
+    settings = Settings(**overrides)
+    session.use(settings)
+    return settings
+
+
+def resolve_database(settings: Settings) -> tuple[str, bool]:
+    """The URL to use and whether it is the embedded Postgres (started if need be)."""
+    if settings.database_url:
+        return settings.database_url, False
+    return embedded_url(settings.home), True
+
+
+@contextlib.contextmanager
+def open_engine(
+    settings: Settings | None = None, *, migrate_embedded: bool = True, check: bool = True
+) -> Iterator[Engine]:
+    """An Engine on DATABASE_URL or the embedded default. The embedded database is migrated on
+    first use (it is this user's own); any other database must be migrated by an operator, so
+    its schema is only checked."""
+    settings = settings or load_settings()
+    session.use(settings)
+    url, embedded = resolve_database(settings)
+    connect(settings, url).close()  # fails fast, in one line, if it is unreachable
+    engine = Engine(settings, database_url=url)
+    try:
+        if embedded and migrate_embedded:
+            if engine.migrate() and session.where:
+                session.where += " (migrated just now)"
+        elif check:
+            engine.check_schema()
+        yield engine
+    finally:
+        engine.close()
+
+
+# -- input parsing (pure) ----------------------------------------------------------------------
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``15m``, ``1h``, ``1h30m``, ``45s``, ``1d`` (a bare number is seconds)."""
+    value = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", value):
+        seconds = float(value)
+    else:
+        parts = _DURATION.findall(value)
+        if not parts or _DURATION.sub("", value).strip():
+            raise ValueError(f"{text!r} is not a duration; write it like 30s, 15m, 1h or 1h30m")
+        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is not a positive duration")
+    return timedelta(seconds=seconds)
+
+
+def parse_json_object(value: str, option: str, *, secret: bool = False) -> dict[str, Any]:
+    """A JSON object given inline, as ``@file`` or as ``@-`` (stdin). The message for bad input
+    never quotes the input, which may be a secret."""
+    text = value
+    if value.startswith("@"):
+        path = value[1:]
+        try:
+            text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        except OSError as exc:
+            raise ValueError(f"{option}: cannot read {path} ({exc.strerror})") from None
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"{option} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
+    if not isinstance(parsed, dict):
+        kind = "a JSON " + type(parsed).__name__.replace("dict", "object")
+        shown = "" if secret else f" ({kind})"
+        raise ValueError(f'{option} must be a JSON object such as {{"key": "value"}}{shown}')
+    return parsed
+
+
+# -- output helpers ----------------------------------------------------------------------------
+
+
+def emit_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+def brief_error(error: dict[str, Any] | None, limit: int = 70) -> str:
+    text = error_text(error)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def run_duration(run: Run) -> float | None:
+    if run.started_at is None:
+        return None
+    end = run.finished_at or datetime.now(UTC)
+    return (end - run.started_at).total_seconds()
+
+
+def counts(results: dict[str, Any] | None) -> dict[str, int]:
+    """Upserted, unchanged and tombstoned, summed over a run's (or an attempt's) tables."""
+    totals = {"upserted": 0, "unchanged": 0, "tombstoned": 0}
+    for result in (results or {}).values():
+        for key in totals:
+            totals[key] += int(result.get(key) or 0)
+    return totals
+
+
+def counts_text(results: dict[str, Any] | None) -> str:
+    c = counts(results)
+    return f"{c['upserted']} upserted, {c['unchanged']} unchanged, {c['tombstoned']} tombstoned"
+
+
+def connection_ref(run: Run) -> str:
+    if run.connection_id is not None:
+        return str(run.connection_id)
+    if run.deleted_connection_id is not None:
+        return f"{run.deleted_connection_id} (deleted)"
+    return "(deleted)"
+
+
+def runs_table(runs: list[Run], width: int, title: str | None = None) -> Table:
+    columns = [
+        Col("run", key=True),
+        Col("connection", keep=9),
+        Col("provider", keep=7),
+        Col("kind", keep=2),
+        Col("status", key=True),
+        Col("trigger", keep=0),
+        Col("tries", keep=8, justify="right"),
+        Col("queued", keep=4),
+        Col("took", keep=3, justify="right"),
+        Col("upserted", keep=6, justify="right"),
+        Col("tombstoned", keep=5, justify="right"),
+        Col("error", text="ellipsis"),
+    ]
+    rows: list[list[Cell]] = []
+    for run in runs:
+        c = counts(run.results)
+        synced = run.kind == "sync"
+        rows.append(
+            [
+                f"#{run.id}",
+                connection_ref(run),
+                run.provider,
+                run.kind,
+                styled(run.status),
+                run.trigger,
+                f"{run.attempts}/{run.max_attempts}",
+                when(run.queued_at, seconds=False),
+                format_duration(run_duration(run)),
+                str(c["upserted"]) if synced else "-",
+                str(c["tombstoned"]) if synced else "-",
+                error_text(run.error, status=run.status),
+            ]
+        )
+    return fitted_table(columns, rows, width, title=title)
+
+
+def worker_state(worker: WorkerInfo, settings: Settings) -> str:
+    """alive, stale (no heartbeat for three intervals: crashed or frozen) or stopped."""
+    return str(overview.worker_state(worker, settings.heartbeat_interval))
+
+
+def workspace_id(engine: Engine, ref: str) -> int:
+    return engine.workspace(ref).id

@@ -1,0 +1,358 @@
+"""Operating ``connector-sync``: the schema (``migrate``, ``grant``), workers, ``records list``,
+``providers``, ``secrets rotate``, the embedded database (``db status|stop``) and the demo."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from sync.catalog import describe_providers
+from sync.cli_base import (
+    RUN_FAILED,
+    ConnectionArg,
+    JsonOption,
+    app,
+    db_app,
+    emit_json,
+    guarded,
+    load_settings,
+    open_engine,
+    records_app,
+    secrets_app,
+    session,
+    stdout,
+    worker_state,
+)
+from sync.console import (
+    Cell,
+    Col,
+    details,
+    fitted_table,
+    format_duration,
+    styled,
+    when,
+)
+from sync.embedded import server_status, stop_server
+from sync.models import Record
+from sync.names import check_name
+
+# -- schema ------------------------------------------------------------------------------------
+
+
+@app.command()
+@guarded
+def migrate(as_json: bool = JsonOption) -> None:
+    """Apply the pending schema migrations (run it after every upgrade, then `grant`)."""
+    with open_engine(migrate_embedded=False, check=False) as engine:
+        applied = engine.migrate()
+        schema = engine.settings.schema_name
+    if as_json:
+        emit_json({"schema": schema, "applied": [m.filename for m in applied]})
+    elif applied:
+        for m in applied:
+            stdout().print(f"applied {m.filename}")
+    else:
+        stdout().print(f"schema {schema} is up to date")
+
+
+@app.command()
+@guarded
+def grant(
+    role: str = typer.Argument(
+        ..., metavar="ROLE", help="An existing database role (CREATE ROLE ... LOGIN)."
+    ),
+) -> None:
+    """Give a runtime ROLE the data rights the API and workers need, and no DDL rights."""
+    with open_engine() as engine:
+        engine.grant(role)
+        schema = engine.settings.schema_name
+    stdout().print(f"granted {role} data rights on schema {schema} (no DDL)")
+
+
+# -- workers -----------------------------------------------------------------------------------
+
+
+@app.command()
+@guarded
+def worker(
+    once: bool = typer.Option(
+        False, "--once", help="Poll once (claim at most one run), then exit."
+    ),
+    worker_id: str | None = typer.Option(
+        None, "--id", metavar="ID", help="The worker's id (default: host-pid-random)."
+    ),
+) -> None:
+    """Run a worker: claim runs and execute them one at a time until SIGTERM or Ctrl-C.
+
+    Run as many as you like, on any machines; SIGTERM hands the running run back at once. It
+    runs syncs of the providers installed when it starts (restart it after installing a
+    connector package)."""
+    if worker_id is not None:
+        check_name(worker_id, "worker")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # One line per request is noise at INFO; the run's own log lines say what happened.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    with open_engine() as engine:
+        service = engine.worker(worker_id=worker_id, listen=not once)
+        session.announce()
+        logging.getLogger("sync.worker").info(
+            "worker %s runs providers: %s", service.id, ", ".join(service.providers) or "none"
+        )
+        service.run(once=once)
+
+
+@app.command("workers")
+@guarded
+def workers_command(as_json: bool = JsonOption) -> None:
+    """Worker processes: alive, stale or stopped, what each runs and can run.
+
+    Stale: no heartbeat lately (crashed, frozen or cut off). Below the table: queued runs that
+    no live worker can take, and why."""
+    with open_engine() as engine:
+        found = engine.workers()
+        orphans = [] if as_json else engine.queued_without_worker()
+        settings = engine.settings
+    if as_json:
+        emit_json([{**w.to_json(), "state": worker_state(w, settings)} for w in found])
+        return
+    out = stdout()
+    if not found:
+        out.print("no workers have run against this database yet")
+    else:
+        columns = [
+            Col("worker", key=True),
+            Col("state", key=True),
+            Col("pid", key=True, justify="right"),
+            Col("host", keep=6),
+            Col("version", keep=1),
+            Col("heartbeat", keep=5),
+            Col("running", keep=7),
+            Col("started", keep=2),
+            Col("providers", text="fold", keep=3),
+        ]
+        rows: list[list[Cell]] = [
+            [
+                w.id,
+                styled(worker_state(w, settings)),
+                str(w.pid),
+                w.hostname,
+                w.version,
+                f"{format_duration(w.since_heartbeat.total_seconds())} ago",
+                f"#{w.current_run_id}" if w.current_run_id else "-",
+                when(w.started_at, seconds=False),
+                "any" if w.providers is None else ", ".join(w.providers) or "none",
+            ]
+            for w in found
+        ]
+        out.print(fitted_table(columns, rows, out.width))
+    nobody = not any(worker_state(w, settings) == "alive" for w in found)
+    for provider, runs, oldest in orphans:
+        why = (
+            "no worker is running: start one with `connector-sync worker`"
+            if nobody
+            else f"no live worker has the {provider} connector; start one where its package "
+            "is installed"
+        )
+        out.print(
+            Text(
+                f"{runs} queued run(s) of provider {provider} (oldest #{oldest}) wait: {why}",
+                style="yellow",
+            )
+        )
+
+
+# -- records -----------------------------------------------------------------------------------
+
+
+@records_app.command("list")
+@guarded
+def records_list(
+    connection_id: int = ConnectionArg(),
+    table: str | None = typer.Argument(
+        None, metavar="TABLE", help="One table (default: all of them)."
+    ),
+    deleted: bool = typer.Option(
+        False, "--deleted", help="Include tombstoned rows (deleted upstream)."
+    ),
+    limit: int = typer.Option(50, "--limit", metavar="N", min=1, max=100_000),
+    as_json: bool = JsonOption,
+) -> None:
+    """The records synced for CONNECTION (live ones unless --deleted).
+
+    They are the rows of the `records` table; --json prints their data whole."""
+    with open_engine() as engine:
+        engine.connection(connection_id)  # an unknown connection is an error, not "no records"
+        found = engine.records(connection_id, table, include_deleted=deleted, limit=limit)
+    if as_json:
+        emit_json([r.to_json() for r in found])
+        return
+    out = stdout()
+    if not found:
+        which = f"table {table} of " if table else ""
+        out.print(f"no records in {which}connection {connection_id} yet")
+        return
+    out.print(records_table(found, out.width))
+    if len(found) == limit:
+        out.print(Text(f"the first {limit} records; --limit shows more", style="dim"))
+
+
+def records_table(records: list[Record], width: int) -> Table:
+    columns = [
+        Col("table", key=True),
+        Col("id", key=True),
+        Col("updated", keep=2),
+        Col("deleted", keep=1),
+        Col("data", text="ellipsis"),
+    ]
+    rows: list[list[Cell]] = [
+        [
+            r.table_name,
+            r.external_id,
+            when(r.updated_at, seconds=False),
+            when(r.deleted_at, seconds=False) if r.deleted_at else "-",
+            json.dumps(r.data, separators=(",", ":"), ensure_ascii=False),
+        ]
+        for r in records
+    ]
+    return fitted_table(columns, rows, width)
+
+
+# -- providers, secrets, the embedded database and the demo ------------------------------------
+
+
+def _fields_text(fields: list[dict[str, Any]] | None) -> str:
+    if fields is None:
+        return "any (not declared)"
+    if not fields:
+        return "none"
+    return ", ".join(f"{f['name']}{'' if f['required'] else ' (optional)'}" for f in fields)
+
+
+@app.command()
+@guarded
+def providers(as_json: bool = JsonOption) -> None:
+    """The installed connectors: each provider's tables, config and credential fields.
+
+    Fields are required unless marked optional; --json adds types, defaults and descriptions."""
+    described = describe_providers()
+    if as_json:
+        emit_json(described)
+        return
+    out = stdout()
+    columns = [
+        Col("provider", key=True),
+        Col("tables", text="fold"),
+        Col("config", text="fold"),
+        Col("credentials", text="fold"),
+    ]
+    rows: list[list[Cell]] = [
+        [
+            d["provider"],
+            ", ".join(f"{t['name']} ({t['mode']})" for t in d["tables"]),
+            _fields_text(d["config"]),
+            _fields_text(d["credentials"]),
+        ]
+        for d in described
+    ]
+    out.print(fitted_table(columns, rows, out.width))
+    out.print(Text("`connector-sync providers --json` gives types, defaults and descriptions"))
+
+
+@secrets_app.command("rotate")
+@guarded
+def secrets_rotate(as_json: bool = JsonOption) -> None:
+    """Re-encrypt every connection's credentials with the newest key.
+
+    The newest is the first of CONNECTOR_SYNC_SECRET_KEYS; once this is done, the older keys
+    can be removed."""
+    with open_engine() as engine:
+        count = engine.rotate_secret_keys()
+        keyed = engine.settings.secret_keys is not None
+        home = engine.settings.home
+    if as_json:
+        emit_json({"rotated": count})
+        return
+    key = (
+        "the first key of CONNECTOR_SYNC_SECRET_KEYS" if keyed else f"the key in {home}/secret.key"
+    )
+    stdout().print(f"re-encrypted the credentials of {count} connection(s) with {key}")
+
+
+@db_app.command("status")
+@guarded
+def db_status(as_json: bool = JsonOption) -> None:
+    """Whether the embedded Postgres exists and runs, where, and since when. Never starts it."""
+    settings = load_settings()
+    session.use(settings, embedded=True)
+    status = server_status(settings.home)
+    configured = settings.database_url
+    if as_json:
+        emit_json({**status.to_json(), "database_url_set": configured is not None})
+        return
+    if status.running:
+        state = f"running (pid {status.pid}, since {when(status.started_at)})"
+    elif status.created:
+        state = "stopped (the next command starts it)"
+    else:
+        state = "not created yet (the first command without DATABASE_URL creates it)"
+    rows: list[tuple[str, Cell]] = [
+        ("embedded", str(status.data_dir)),
+        ("state", state),
+    ]
+    if status.socket_dir:
+        rows.append(("socket", str(status.socket_dir)))
+    rows.append(("log", str(status.log)))
+    if configured:
+        rows.append(("note", "DATABASE_URL is set, so commands use that database, not this one"))
+    stdout().print(details(rows))
+
+
+@db_app.command("stop")
+@guarded
+def db_stop() -> None:
+    """Stop the embedded Postgres; the next command that needs it starts it again.
+
+    Open sessions are ended; nothing committed is lost."""
+    settings = load_settings()
+    session.use(settings, embedded=True)
+    before = stop_server(settings.home)
+    if before.running:
+        stdout().print(f"stopped the embedded Postgres under {before.data_dir} (pid {before.pid})")
+    else:
+        stdout().print(f"the embedded Postgres under {before.data_dir} is not running")
+
+
+@app.command()
+@guarded
+def demo(
+    schema: str | None = typer.Option(
+        None,
+        "--schema",
+        metavar="SCHEMA",
+        help="Schema to use (default: the usual one on the embedded Postgres, "
+        "connector_sync_demo on DATABASE_URL).",
+    ),
+) -> None:
+    """The one-minute demo: a simulated provider, two workers, and everything the queue does."""
+    from sync.demo import run_demo, tuned
+
+    settings = load_settings()
+    if schema is None and settings.database_url:
+        schema = "connector_sync_demo"
+    if schema is not None:
+        settings = load_settings(schema_name=schema)
+    with open_engine(tuned(settings), migrate_embedded=False, check=False) as engine:
+        session.announce()
+        ok = run_demo(engine, console=stdout())
+    if not ok:
+        raise typer.Exit(RUN_FAILED)

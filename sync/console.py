@@ -1,0 +1,206 @@
+"""How the command line prints for people: a console as wide as the terminal (or ``$COLUMNS``
+when there is none), tables that fit that width, times with their date and zone, durations and
+errors in words.
+
+A table fits by giving up what matters least first: long text (names, errors) wraps or is cut
+at its end, then optional columns leave in a fixed order. Key columns (ids, statuses) never
+shrink and never leave, so a listing at 60 columns still says which run is which and how it
+stands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+Cell = str | Text
+
+STATUS_STYLE = {
+    "succeeded": "green",
+    "partial": "yellow",
+    "failed": "red",
+    "cancelled": "magenta",
+    "running": "cyan",
+    "queued": "blue",
+    "waiting": "blue",
+    "active": "green",
+    "paused": "yellow",
+    "disconnected": "red",
+    "deleting": "magenta",
+    "alive": "green",
+    "stale": "red",
+    "stopped": "dim",
+}
+
+
+def console() -> Console:
+    """The console for stdout: the terminal's width, or ``$COLUMNS`` (80 when unset) when the
+    output goes to a pipe or a file."""
+    return Console(highlight=False)
+
+
+def styled(status: str) -> Text:
+    return Text(status, style=STATUS_STYLE.get(status, ""))
+
+
+# -- times and durations -----------------------------------------------------------------------
+
+
+def when(value: datetime | None, *, seconds: bool = True) -> str:
+    """A time in the local zone, with its date and zone: ``2025-03-04 14:05:09 CET``."""
+    if value is None:
+        return "-"
+    local = value.astimezone()
+    return local.strftime("%Y-%m-%d %H:%M:%S %Z" if seconds else "%Y-%m-%d %H:%M %Z")
+
+
+def format_duration(seconds: float | None) -> str:
+    """How long something took: ``3.2s``, ``1m05s``, ``1h30m``, ``2d07h``."""
+    if seconds is None:
+        return "-"
+    seconds = max(seconds, 0.0)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    return f"{hours // 24}d{hours % 24:02d}h"
+
+
+def format_every(seconds: float | None) -> str:
+    """A schedule's interval as it would be typed: ``15m``, ``1h30m``, ``1d``, ``45s``."""
+    if seconds is None:
+        return "-"
+    rest = round(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, rest = divmod(rest, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or f"{seconds:g}s"
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+def error_text(error: dict[str, Any] | None, *, status: str | None = None) -> str:
+    """A run's or table's error in words: ``kind: message``, without repeating the kind when
+    it only restates the status (a cancelled run's error of kind ``cancelled``)."""
+    if not error:
+        return ""
+    kind, message = str(error.get("kind") or "error"), str(error.get("message") or "")
+    if kind == status or message.startswith(kind):
+        return message or kind
+    return f"{kind}: {message}" if message else kind
+
+
+# -- tables that fit ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Col:
+    """A column of a fitted table.
+
+    ``key``: never cut, never dropped (ids, statuses). ``text``: long text that may wrap
+    (``fold``) or be cut at its end (``ellipsis``) to make room; it shrinks before any
+    column is dropped. Other columns are dropped when there is still no room, the lowest
+    ``keep`` first."""
+
+    header: str
+    key: bool = False
+    text: Literal["fold", "ellipsis"] | None = None
+    keep: int = 0
+    justify: Literal["left", "right"] = "left"
+
+
+GAP = 2  # the space between two columns
+TEXT_MIN = 12  # long text keeps at least this many cells (or its header's) before columns go
+
+
+def fit_widths(columns: Sequence[Col], rows: Sequence[Sequence[Cell]], width: int) -> list[int]:
+    """The width of each column (0: dropped) so the table fits ``width`` cells (pure). Text
+    columns shrink to a floor first; then optional columns leave, the lowest ``keep`` first
+    (text ones last); key columns keep their full width whatever happens."""
+    count = len(columns)
+    natural = [
+        max([_cells(c.header)] + [_cells(row[i]) for row in rows]) for i, c in enumerate(columns)
+    ]
+    floor = [min(natural[i], max(_cells(c.header), TEXT_MIN)) for i, c in enumerate(columns)]
+    shown = set(range(count))
+
+    def shrunk() -> list[int] | None:
+        widths = [natural[i] if i in shown else 0 for i in range(count)]
+        excess = sum(widths) + GAP * (len(shown) - 1) - width
+        while excess > 0:
+            texts = [i for i in shown if columns[i].text and widths[i] > floor[i]]
+            if not texts:
+                return None
+            widest = max(texts, key=lambda i: widths[i] - floor[i])
+            widths[widest] -= 1
+            excess -= 1
+        return widths
+
+    while (widths := shrunk()) is None:
+        optional = [i for i in shown if not columns[i].key]
+        if not optional:  # the key columns alone are wider than the console: let them be
+            return [natural[i] if i in shown else 0 for i in range(count)]
+        shown.remove(min(optional, key=lambda i: (bool(columns[i].text), columns[i].keep, -i)))
+    return widths
+
+
+def fitted_table(
+    columns: Sequence[Col],
+    rows: Sequence[Sequence[Cell]],
+    width: int,
+    *,
+    title: str | None = None,
+) -> Table:
+    widths = fit_widths(columns, rows, width)
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1),
+        collapse_padding=True,
+    )
+    shown = [i for i, w in enumerate(widths) if w]
+    for i in shown:
+        col = columns[i]
+        table.add_column(
+            col.header,
+            width=widths[i],
+            no_wrap=col.text != "fold",
+            overflow=col.text or "ellipsis",
+            justify=col.justify,
+            header_style="bold",
+        )
+    for row in rows:
+        table.add_row(*(row[i] for i in shown))
+    return table
+
+
+def details(rows: Sequence[tuple[str, Cell]]) -> Table:
+    """A two-column grid of labels and values; values wrap at the console's width."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True, style="bold")
+    grid.add_column(overflow="fold")
+    for label, value in rows:
+        grid.add_row(label, value)
+    return grid
+
+
+def _cells(value: Cell) -> int:
+    text = value if isinstance(value, Text) else Text(value)
+    return max((line.cell_len for line in text.split()), default=0)

@@ -1,0 +1,132 @@
+"""The tombstone pass: once a table (or some of its partitions) has been read completely within
+a run, its live rows that no attempt of the run wrote or saw are gone upstream.
+
+For most tables that is proof enough, and the pass tombstones them in bounded steps, each a
+short fenced statement (``tombstone_unseen``). A table whose listing can shift (page numbers,
+offsets) proves nothing by a missing key: a deletion on page 1 moves the first item of page 2
+onto page 1 after page 1 was read, and that item is never seen. For such a table the pass only
+collects the missing rows (``unseen_rows``) and asks the connector to confirm each one with the
+provider (``Connector.confirm_deleted``, bounded by ``Table.confirm_limit`` per partition and
+spending the same rate budget as the reads); what the provider confirms is tombstoned, what it
+shows alive is kept. Keys the connector cannot confirm (no per-item read, or past the bound) are
+tombstoned only when a second complete listing misses them too (``mark_missing``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from connectors.base import Table
+from sync.abort import AbortSignal
+from sync.queries import QUERIES
+from sync.records import Lease, fenced_one
+
+STEP = 10_000  # stored rows per step of the pass
+
+Confirm = Callable[[str | None, Mapping[str, Mapping[str, Any]]], Collection[str] | None]
+"""The connector's confirmation for one partition (None for a table read whole)."""
+
+
+@dataclass
+class _Missing:
+    """The rows of one partition that the complete read did not see."""
+
+    to_confirm: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    beyond_bound: list[str] = field(default_factory=list)
+
+
+class TombstonePass:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        lease: Lease,
+        connection_id: int,
+        table: Table,
+        abort: AbortSignal,
+        *,
+        step: int = STEP,
+    ) -> None:
+        self._conn = conn
+        self._lease = lease
+        self._connection_id = connection_id
+        self._table = table
+        self._abort = abort
+        self._step = step
+
+    def run(self, partitions: list[str] | None, *, confirm: Confirm | None) -> dict[str, int]:
+        """Tombstone the unseen rows of ``partitions`` (None: of the whole table, which also
+        stamps its complete pass). Returns the rows tombstoned per partition ('' for a table
+        read whole)."""
+        if self._table.shifting:
+            gone = self._confirmed(partitions, confirm)
+        else:
+            gone = self._unconfirmed(partitions)
+        self._one(QUERIES.complete_table, stamp=partitions is None)
+        return gone
+
+    def _unconfirmed(self, partitions: list[str] | None) -> dict[str, int]:
+        gone: dict[str, int] = {}
+        after = ""
+        while True:
+            self._abort.check()
+            row = self._one(
+                QUERIES.tombstone_unseen, partitions=partitions, after=after, limit=self._step
+            )
+            _add(gone, row["tombstoned"])
+            if row["scanned"] < self._step:
+                return gone
+            after = row["last_key"]
+
+    def _confirmed(self, partitions: list[str] | None, confirm: Confirm | None) -> dict[str, int]:
+        missing: dict[str, _Missing] = {}
+        after = ""
+        while True:
+            self._abort.check()
+            row = self._one(
+                QUERIES.unseen_rows, partitions=partitions, after=after, limit=self._step
+            )
+            for found in row["unseen"]:
+                part = missing.setdefault(found["partition"] or "", _Missing())
+                if len(part.to_confirm) < self._table.confirm_limit:
+                    part.to_confirm[found["external_id"]] = found["data"]
+                else:
+                    part.beyond_bound.append(found["external_id"])
+            if row["scanned"] < self._step:
+                break
+            after = row["last_key"]
+        gone: dict[str, int] = {}
+        for name, part in missing.items():
+            self._abort.check()
+            unconfirmed = part.beyond_bound
+            confirmed = confirm(name or None, part.to_confirm) if confirm else None
+            if confirmed is None:
+                unconfirmed = [*part.to_confirm, *unconfirmed]
+            elif confirmed:
+                known = [key for key in confirmed if key in part.to_confirm]
+                _add(gone, self._one(QUERIES.tombstone_ids, external_ids=known)["tombstoned"])
+            if unconfirmed:
+                row = self._one(QUERIES.mark_missing, external_ids=unconfirmed)
+                _add(gone, row["tombstoned"])
+        return gone
+
+    def _one(self, query: Any, **params: Any) -> dict[str, Any]:
+        return fenced_one(
+            self._conn,
+            query,
+            {
+                "run_id": self._lease.run_id,
+                "lease_owner": self._lease.lease_owner,
+                "connection_id": self._connection_id,
+                "table_name": self._table.name,
+                **params,
+            },
+        )
+
+
+def _add(into: dict[str, int], counts: Mapping[str, int]) -> None:
+    for name, n in counts.items():
+        into[name] = into.get(name, 0) + int(n)

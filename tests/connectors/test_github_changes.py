@@ -1,0 +1,251 @@
+"""GitHub through the engine as its data changes: incremental issues with a daily complete pass,
+a listing that shifts while it is read, pull requests whose embedded repository changes, a
+resync with nothing new, and a repository that answers 404. Against a stateful fake that
+answers as GitHub's REST docs say (tests/connectors/github_fake.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import respx
+
+from sync import Engine
+from sync.testing import run_sync
+from tests.connectors.github_fake import GitHub, make_issue, make_pull
+from tests.connectors.helpers import live_ids, tombstoned_ids
+
+TOKEN = "ghp_16C7e42F292c6912E7710c838347Ae178B4a"
+
+
+def connect(engine: Engine, *repos: str) -> int:
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(
+        ws.id,
+        "gh",
+        "github",
+        config={"owner": "octocat", "repos": list(repos)},
+        credentials={"token": TOKEN},
+    )
+    return conn.id
+
+
+def make_complete_pass_due(engine: Engine, connection_id: int) -> None:
+    """The daily complete pass of `issues` is due: its last one was two days ago."""
+    with engine.pool.connection() as conn:
+        conn.execute(
+            "UPDATE table_state SET last_full_sync_at = now() - interval '2 days' "
+            "WHERE connection_id = %s AND table_name = 'issues'",
+            (connection_id,),
+        )
+
+
+def counts(result: dict[str, Any]) -> tuple[str, int, int, int]:
+    return result["status"], result["upserted"], result["unchanged"], result["tombstoned"]
+
+
+def test_issues_are_read_by_update_time_and_a_daily_complete_pass_finds_deletions(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    github = GitHub(respx_mock)
+    repo = github.repo("Hello-World")
+    repo.issues = [make_issue("Hello-World", n) for n in range(1, 151)]
+    conn_id = connect(sync_engine, "Hello-World")
+
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    assert counts(run.results["issues"]) == ("succeeded", 150, 0, 0)
+    assert run.results["issues"]["partitions"]["Hello-World"]["upserted"] == 150
+    assert run.results["issues"]["total"] == 200  # two pages of 100, as rel="last" says
+    first = [q for q, _ in github.requests if "/issues" in q]
+    assert all("sort=created" in q for q in first)  # the first sync lists everything
+
+    # Upstream: #7 edited, #151 opened, #9 deleted. The next sync asks only for what changed.
+    repo.issues[6]["updated_at"] = "2099-01-01T00:00:00Z"
+    repo.issues[6]["title"] = "Edited"
+    repo.issues.append(make_issue("Hello-World", 151, updated_at="2099-01-01T00:00:01Z"))
+    del repo.issues[8]
+    github.requests.clear()
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    assert counts(run.results["issues"]) == ("succeeded", 2, 0, 0)
+    issue_requests = [q for q, _ in github.requests if "/issues" in q]
+    assert len(issue_requests) == 1 and "since=" in issue_requests[0]
+    assert "sort=updated" in issue_requests[0] and "direction=desc" in issue_requests[0]
+    assert "10000009" in live_ids(sync_engine, conn_id, "issues")  # not known deleted yet
+
+    # A day later the complete pass lists the repository whole; #9 is missing, GitHub confirms
+    # it is gone (404), and only then is it tombstoned.
+    make_complete_pass_due(sync_engine, conn_id)
+    github.requests.clear()
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    assert counts(run.results["issues"]) == ("succeeded", 0, 150, 1)
+    assert tombstoned_ids(sync_engine, conn_id, "issues") == {"10000009"}
+    assert ("/repos/octocat/Hello-World/issues/9", 404) in github.requests
+
+
+def test_a_deletion_while_page_1_is_read_never_tombstones_a_live_issue(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    github = GitHub(respx_mock)
+    repo = github.repo("Hello-World")
+    repo.issues = [make_issue("Hello-World", n) for n in range(1, 151)]
+    conn_id = connect(sync_engine, "Hello-World")
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+
+    # The complete pass: issue #50 is deleted after page 1 was served, so #101, first on page
+    # 2 until then, moves onto page 1 and is never listed.
+    def delete_50(repo_name: str, kind: str, page: int) -> None:
+        if kind == "issues" and page == 2 and repo.issues[49]["number"] == 50:
+            del repo.issues[49]
+
+    github.on_page = delete_50
+    make_complete_pass_due(sync_engine, conn_id)
+    github.requests.clear()
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+
+    # #101 was missing from the listing, but GitHub says it is there: it stays live. (#50 was
+    # on page 1 when page 1 was read.)
+    assert tombstoned_ids(sync_engine, conn_id, "issues") == set()
+    assert "10000101" in live_ids(sync_engine, conn_id, "issues")
+    assert ("/repos/octocat/Hello-World/issues/101", 200) in github.requests
+
+    # The next complete pass misses #50, and GitHub confirms it is gone.
+    github.on_page = None
+    make_complete_pass_due(sync_engine, conn_id)
+    github.requests.clear()
+    run = run_sync(sync_engine, conn_id)
+    assert run.results["issues"]["tombstoned"] == 1
+    assert tombstoned_ids(sync_engine, conn_id, "issues") == {"10000050"}
+    assert len(live_ids(sync_engine, conn_id, "issues")) == 149
+    assert ("/repos/octocat/Hello-World/issues/50", 404) in github.requests
+
+
+def test_a_transferred_issue_is_gone_from_its_old_repository(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    github = GitHub(respx_mock)
+    repo = github.repo("Hello-World")
+    repo.issues = [make_issue("Hello-World", n) for n in range(1, 4)]
+    conn_id = connect(sync_engine, "Hello-World")
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+
+    repo.issues.pop(1)
+    repo.transferred[2] = "https://api.github.com/repositories/42/issues/17"
+    make_complete_pass_due(sync_engine, conn_id)
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    assert tombstoned_ids(sync_engine, conn_id, "issues") == {"10000002"}
+    # The 301 was read, not followed.
+    assert ("/repos/octocat/Hello-World/issues/2", 301) in github.requests
+    assert not any("/repositories/42" in q for q, _ in github.requests)
+
+
+def test_a_new_issue_rewrites_no_pull_request(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    github = GitHub(respx_mock)
+    repo = github.repo("Hello-World")
+    repo.issues = [make_issue("Hello-World", 1)]
+    repo.pulls = [make_pull("Hello-World", n, open_issues=3) for n in (2, 3)]
+    conn_id = connect(sync_engine, "Hello-World")
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+    before = {r.external_id: r.updated_at for r in sync_engine.records(conn_id, "pull_requests")}
+
+    # One issue opened: every pull request's embedded repository now says so.
+    repo.issues.append(make_issue("Hello-World", 4, updated_at="2099-01-01T00:00:00Z"))
+    for pull in repo.pulls:
+        for side in ("head", "base"):
+            pull[side]["repo"].update(
+                open_issues_count=4,
+                pushed_at="2099-01-01T00:00:00Z",
+                updated_at="2099-01-01T00:00:00Z",
+            )
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    assert counts(run.results["pull_requests"]) == ("succeeded", 0, 2, 0)
+    after = {r.external_id: r.updated_at for r in sync_engine.records(conn_id, "pull_requests")}
+    assert after == before  # 0 rows rewritten
+
+    # A change that matters is still a change.
+    repo.pulls[0]["title"] = "Renamed"
+    run = run_sync(sync_engine, conn_id)
+    assert counts(run.results["pull_requests"]) == ("succeeded", 1, 1, 0)
+
+
+def test_a_resync_with_nothing_changed_asks_once_per_table_and_repository_or_gets_304s(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    github = GitHub(respx_mock)
+    for name in ("Hello-World", "Spoon-Knife"):
+        repo = github.repo(name)
+        repo.issues = [make_issue(name, n) for n in range(1, 121)]
+        repo.pulls = [make_pull(name, n) for n in range(200, 330)]
+    conn_id = connect(sync_engine, "Hello-World", "Spoon-Knife")
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+
+    github.requests.clear()
+    spent_before = github.remaining
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    issues = [(q, s) for q, s in github.requests if "/issues" in q]
+    pulls = [(q, s) for q, s in github.requests if "/pulls" in q]
+    assert len(issues) == 2 and all(s == 200 for _, s in issues)  # one since-read per repository
+    assert len(pulls) == 4 and all(s == 304 for _, s in pulls)  # two pages each, unchanged
+    assert github.remaining == spent_before - 2  # 304s cost nothing
+    assert counts(run.results["pull_requests"]) == ("succeeded", 0, 260, 0)
+
+
+def test_one_repository_answering_404_fails_only_its_slice(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    github = GitHub(respx_mock)
+    hello, gone = github.repo("Hello-World"), github.repo("Gone")
+    hello.pulls = [make_pull("Hello-World", n) for n in (1, 2, 3)]
+    gone.pulls = [make_pull("Gone", n) for n in (10, 11)]
+    gone_ids = {str(p["id"]) for p in gone.pulls}
+    conn_id = connect(sync_engine, "Hello-World", "Gone")
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+
+    # The token loses access to one repository; in the other a pull request is deleted.
+    gone.visible = False
+    del hello.pulls[1]
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "partial"
+    pulls = run.results["pull_requests"]
+    assert pulls["status"] == "partial"
+    assert "Gone" in pulls["error"]["message"] and "404" in pulls["error"]["message"]
+    assert pulls["partitions"]["Gone"]["status"] == "failed"
+    assert counts(pulls["partitions"]["Hello-World"]) == ("succeeded", 0, 2, 1)
+    # The readable repository is synced and tombstoned; the other's rows are left as they were.
+    assert tombstoned_ids(sync_engine, conn_id, "pull_requests") == {"20000002"}
+    assert gone_ids <= live_ids(sync_engine, conn_id, "pull_requests")
+
+
+def test_an_operators_retry_reads_the_partitions_that_had_failed(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    github = GitHub(respx_mock)
+    gone, flaky = github.repo("Gone"), github.repo("Flaky")
+    gone.pulls, flaky.pulls = [make_pull("Gone", 1)], [make_pull("Flaky", 2)]
+    gone.visible, flaky.failing = False, True
+    conn_id = connect(sync_engine, "Gone", "Flaky")
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "failed" and run.attempts == 3  # Flaky never recovered
+    assert run.results["pull_requests"]["partitions"]["Gone"]["status"] == "failed"
+
+    # Access granted, GitHub recovered: the operator's retry reads both again.
+    gone.visible, flaky.failing = True, False
+    sync_engine.retry_run(run.id)
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    parts = run.results["pull_requests"]["partitions"]
+    assert {name: p["status"] for name, p in parts.items()} == {
+        "Gone": "succeeded",
+        "Flaky": "succeeded",
+    }
+    assert live_ids(sync_engine, conn_id, "pull_requests") == {
+        str(gone.pulls[0]["id"]),
+        str(flaky.pulls[0]["id"]),
+    }
