@@ -208,8 +208,8 @@ def machine_info(url: str | None) -> dict[str, Any]:
     return info
 
 
-def machine_line(url_or_info: str | Mapping[str, Any]) -> str:
-    info = machine_info(url_or_info) if isinstance(url_or_info, str) else url_or_info
+def machine_line(info: Mapping[str, Any]) -> str:
+    """``machine_info`` in one line, for the top of a benchmark's output."""
     load = ", ".join(f"{x:.2f}" for x in info["load_average"])
     server = ""
     if pg := info.get("postgres"):
@@ -234,13 +234,11 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def json_mode(args: argparse.Namespace) -> bool:
+def json_mode(args: argparse.Namespace) -> None:
     """With ``--json``, stdout carries the JSON document alone: everything meant for people
     (progress, tables) moves to stderr. Call it before printing anything."""
     if getattr(args, "json", False):
         console.file = sys.stderr
-        return True
-    return False
 
 
 def git_commit() -> str | None:

@@ -90,7 +90,7 @@ class PgBouncer:
 
     @property
     def log(self) -> str:
-        """Everything PgBouncer logged so far (connections, errors)."""
+        """What PgBouncer logged so far: errors, warnings, a line of stats a minute."""
         if self._dir is None:
             return ""
         path = self._dir / "pgbouncer.log"
