@@ -549,22 +549,28 @@ def bare(
         )
         for _ in range(workers)
     ]
-    for proc in procs:
-        assert proc.stdout is not None
-        if proc.stdout.readline().strip() != "READY":
-            raise RuntimeError("a bare client did not start")
     outs = []
-    # The clients report their own CPU: they have exited when the phase's CPU is read.
-    with observed(url, point.drain, Cpu([], postmaster)):
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
+    try:
         for proc in procs:
             assert proc.stdout is not None
-            outs.append(json.loads(proc.stdout.readline()))
-    for proc in procs:
-        proc.communicate("done\n", timeout=60)
+            if proc.stdout.readline().strip() != "READY":
+                raise RuntimeError("a bare client did not start")
+        # The clients report their own CPU; their backends' is read while they are connected.
+        with observed(url, point.drain, Cpu([], postmaster)):
+            for proc in procs:
+                assert proc.stdin is not None
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            for proc in procs:
+                assert proc.stdout is not None
+                outs.append(json.loads(proc.stdout.readline()))
+        for proc in procs:
+            proc.communicate("done\n", timeout=60)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     done = [o for o in outs if o["count"]]
     count = sum(o["count"] for o in outs)
     if count != runs:
@@ -689,7 +695,7 @@ def measure_fleet(
             points.append(point)
             try:
                 drain(url, ids[mix.name][: backlog_size(n, args.quick)], point.drain, cpu)
-                # At least a few seconds of arrivals, at most `samples` runs.
+                # About ten seconds of arrivals: at least 50 runs, at most `samples`.
                 count = max(50, min(samples, int(point.drain.rate * args.load * 10)))
                 load(url, ids[mix.name][:count], point.drain.rate * args.load, point.load, cpu)
             except Exception as exc:
