@@ -43,6 +43,7 @@ from cryptography.fernet import Fernet
 from rich.console import Console
 from rich.table import Table
 
+from bench.common import PrivatePostgres, add_json_option, machine_info, print_json
 from connectors.simulated.server import Simulation, start_server
 from sync import Engine, Settings
 
@@ -140,64 +141,6 @@ FIGURES = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Postgres:
-    """A throwaway Postgres 15 cluster under ``root`` on a spare port."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.data = root / "pgdata"
-        self.port = free_port()
-        self.bin = Path(
-            subprocess.run(
-                ["pg_config", "--bindir"], capture_output=True, text=True, check=True
-            ).stdout.strip()
-        )
-        if not (self.bin / "initdb").exists():
-            versions = sorted(Path("/usr/lib/postgresql").iterdir())
-            self.bin = versions[-1] / "bin"
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, *args: str) -> None:
-        command = [str(self.bin / args[0]), *args[1:]]
-        if os.geteuid() == 0:  # Postgres refuses to run as root
-            command = ["runuser", "-u", "postgres", "--", *command]
-        subprocess.run(command, check=True, capture_output=True)
-
-    def init(self) -> None:
-        if os.geteuid() == 0:
-            shutil.chown(self.root, "postgres")
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
-        with (self.data / "postgresql.conf").open("a") as conf:
-            conf.write(
-                f"port = {self.port}\nlisten_addresses = '127.0.0.1'\n"
-                f"unix_socket_directories = '{self.root}'\nmax_connections = 300\n"
-                "shared_buffers = 128MB\n"
-            )
-
-    def start(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "pg.log"), "-w", "start")
-
-    def restart(self, mode: str = "fast") -> None:
-        """Stop and start again. ``fast`` is a clean shutdown; ``immediate`` is a crash: the
-        restart runs crash recovery, which empties every unlogged table (run_seen_keys)."""
-        # Not `pg_ctl restart`: it would start the new postmaster without a log file, holding
-        # our captured stdout open forever.
-        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
-        self.start()
-
-    def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
-
-
 class Proxy:
     """A loopback TCP proxy in front of Postgres for one worker. ``cut()`` stops every byte
     both ways (a partition: the worker's statements hang); ``heal()`` drops the connections
@@ -283,7 +226,7 @@ class Slot:
 
 @dataclass
 class Fleet:
-    postgres: Postgres
+    postgres: PrivatePostgres
     root: Path
     env: dict[str, str]
     slots: list[Slot] = field(default_factory=list)
@@ -367,7 +310,7 @@ class Chaos:
         self.fired: Counter[str] = Counter()
         self.respawned = 0  # workers that exited by themselves and were started again
         self.deleted: list[int] = []
-        self.postgres = Postgres(root)
+        self.postgres = PrivatePostgres(root)
         self.simulation = Simulation()
         self.stop_server: Callable[[], None] = lambda: None
         self.last_restart = -float("inf")
@@ -583,7 +526,8 @@ class Chaos:
             log.read_text(errors="replace").count(line) for log in self.root.glob("worker-*.log")
         )
 
-    def report(self, engine: Engine) -> bool:
+    def report(self, engine: Engine, out: Console) -> dict[str, object]:
+        """Print the faults and the reckoning; return them (``ok``: every zero is zero)."""
         with engine.pool.connection() as conn:
             figures = {name: conn.execute(sql).fetchone() for name, sql in FIGURES.items()}
             lease = {"lease": timedelta(seconds=self.plan.lease)}
@@ -616,7 +560,6 @@ class Chaos:
             good = value == 0
             ok &= good
             summary.add_row(name, f"[{'green' if good else 'red'}]{value}", "0")
-        out = Console()
         out.print(faults)
         out.print(summary)
         if differ:
@@ -636,7 +579,16 @@ class Chaos:
         if missing:
             out.print(f"[red]faults that fired fewer than {self.plan.min_each} times: {missing}")
             ok = False
-        return ok
+        return {
+            "ok": ok,
+            "faults_fired": {kind: self.fired[kind] for kind in FAULTS},
+            "faults_fired_too_rarely": missing,
+            "figures": {
+                name: next(iter(row.values())) if row else None for name, row in figures.items()
+            },
+            "workers_started_again": self.respawned,
+            "must_be_zero": values,
+        }
 
 
 def main() -> None:
@@ -644,14 +596,17 @@ def main() -> None:
     parser.add_argument("--long", action="store_true", help="ten minutes of faults")
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    add_json_option(parser)
     args = parser.parse_args()
+    # The tables go to stdout, or to stderr when stdout carries the JSON document.
+    out = Console(file=sys.stderr if args.json else sys.stdout)
     plan = LONG if args.long else SHORT
     root = Path(tempfile.mkdtemp(prefix="connector-sync-chaos-"))
     chaos = Chaos(plan, args.seed, root)
     console.print(f"chaos: seed {args.seed}, {plan}, work dir {root}")
     engine: Engine | None = None
     fleet: Fleet | None = None
-    ok = False
+    outcome: dict[str, object] = {"ok": False}
     started = time.monotonic()
     try:
         engine = chaos.setup()
@@ -669,8 +624,9 @@ def main() -> None:
         chaos.inject(engine, fleet)
         console.print("faults off; last clean sync")
         chaos.settle(engine, fleet)
-        ok = chaos.report(engine)
+        outcome = chaos.report(engine, out)
     finally:
+        ok = bool(outcome["ok"])
         if fleet is not None:
             fleet.stop_all()
         if engine is not None:
@@ -684,6 +640,14 @@ def main() -> None:
             f"chaos took {time.monotonic() - started:.0f} s; "
             f"{'all zeros' if ok else 'FAILED, logs in ' + str(root)}"
         )
+    print_json(
+        "chaos",
+        args,
+        outcome,
+        machine=machine_info(None),
+        plan=plan,
+        seconds=round(time.monotonic() - started, 1),
+    )
     sys.exit(0 if ok else 1)
 
 

@@ -39,12 +39,16 @@ import psycopg
 
 from bench.common import (
     Column,
+    add_json_option,
     as_uri,
     connect,
     console,
+    json_mode,
+    machine_info,
     machine_line,
     median,
     migrate,
+    print_json,
     print_table,
     python,
     ratio,
@@ -334,13 +338,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, help="runs/jobs per drain (default 2000)")
     parser.add_argument("--repeat", type=int, help="repetitions of each drain (default 3)")
     parser.add_argument("--no-peers", action="store_true")
+    add_json_option(parser)
     args = parser.parse_args()
+    json_mode(args)
     n = args.runs or (300 if args.quick else 2000)
     repeat = args.repeat or (1 if args.quick else 3)
 
     with scratch_database("claim") as url:
         console.print(f"[bold]bench.claim[/bold]: {n} no-op jobs per drain, {repeat} repeats")
-        console.print(machine_line(url))
+        machine = machine_info(url)
+        console.print(machine_line(machine))
         migrate(url)
         with connect(url) as conn:
             conn.execute(SETUP_WORKSPACES, {"n": n})
@@ -396,12 +403,31 @@ def main() -> None:
         traced2, trips2 = count_round_trips(url, "bench_no_tables", trace_runs, ["--loop"])
 
     report(results, n, repeat)
-    report_round_trips(
-        {
-            "1 empty table": (traced, trips),
-            "zero tables": (traced0, trips0),
-            "1 empty table, run() loop": (traced1, trips1),
-            "zero tables, run() loop": (traced2, trips2),
+    traces = {
+        "1 empty table": (traced, trips),
+        "zero tables": (traced0, trips0),
+        "1 empty table, run() loop": (traced1, trips1),
+        "zero tables, run() loop": (traced2, trips2),
+    }
+    report_round_trips(traces)
+    print_json(
+        "claim",
+        args,
+        [
+            {
+                "system": r.system,
+                "configuration": r.config,
+                "processes": r.processes,
+                "jobs_per_s": r.rate,
+                "jobs_per_s_each_repeat": r.rates,
+                "error": r.error or None,
+            }
+            for r in results
+        ],
+        machine=machine,
+        round_trips_per_run={
+            name: {"runs": runs, "by_statement": {k: v / runs for k, v in counts.items()}}
+            for name, (runs, counts) in traces.items()
         },
     )
 

@@ -1,5 +1,6 @@
-"""What every benchmark shares: a throw-away database, our engine on it, the peers' worker
-processes, percentiles and the printed table.
+"""What every benchmark shares: a throw-away database (or a whole private Postgres), our
+engine on it, the peers' worker processes, percentiles, the printed table and the ``--json``
+document.
 
 Each benchmark creates its own database (``bench_<what>_<random>``) on the server named by
 ``DATABASE_URL`` and drops it when done, even after a failure, so nothing is left behind.
@@ -7,16 +8,23 @@ Each benchmark creates its own database (``bench_<what>_<random>``) on the serve
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import dataclasses
+import json
+import math
 import os
 import platform
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -173,20 +181,195 @@ def print_table(title: str, columns: Sequence[str | Column], rows: Sequence[Sequ
     console.print(table)
 
 
-def machine_line(url: str) -> str:
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT current_setting('server_version'), current_setting('fsync'), "
-            "current_setting('synchronous_commit'), current_setting('shared_buffers')"
-        ).fetchone()
-    assert row is not None
-    version, fsync, sync_commit, buffers = row
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+def machine_info(url: str | None) -> dict[str, Any]:
+    """What the numbers depend on: cores, versions, the server's durability settings, and the
+    load average when the benchmark started (2 cores: above 2 means it queued for CPU)."""
+    info: dict[str, Any] = {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "psycopg": psycopg.__version__,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+    if url is not None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT current_setting('server_version'), current_setting('fsync'), "
+                "current_setting('synchronous_commit'), current_setting('shared_buffers'), "
+                "current_setting('max_connections')"
+            ).fetchone()
+        assert row is not None
+        info["postgres"] = dict(
+            zip(
+                ("version", "fsync", "synchronous_commit", "shared_buffers", "max_connections"),
+                row,
+                strict=True,
+            )
+        )
+    return info
+
+
+def machine_line(info: Mapping[str, Any]) -> str:
+    """``machine_info`` in one line, for the top of a benchmark's output."""
+    load = ", ".join(f"{x:.2f}" for x in info["load_average"])
+    server = ""
+    if pg := info.get("postgres"):
+        server = (
+            f", Postgres {pg['version']} (fsync={pg['fsync']}, "
+            f"synchronous_commit={pg['synchronous_commit']}, shared_buffers={pg['shared_buffers']})"
+        )
     return (
-        f"{os.cpu_count()} cores, Python {platform.python_version()}, Postgres {version} "
-        f"(fsync={fsync}, synchronous_commit={sync_commit}, shared_buffers={buffers}), "
-        f"psycopg {psycopg.__version__}; load average {load}"
+        f"{info['cores']} cores, Python {info['python']}{server}, psycopg {info['psycopg']}; "
+        f"load average {load}"
     )
+
+
+# -- --json -------------------------------------------------------------------------------
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the results as one JSON document on stdout (progress and tables go to stderr)",
+    )
+
+
+def json_mode(args: argparse.Namespace) -> None:
+    """With ``--json``, stdout carries the JSON document alone: everything meant for people
+    (progress, tables) moves to stderr. Call it before printing anything."""
+    if getattr(args, "json", False):
+        console.file = sys.stderr
+
+
+def git_commit() -> str | None:
+    """The commit the benchmark ran on, with ``+dirty`` if the engine, SQL or bench differ."""
+    root = BENCH_DIR.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=10", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "sync", "connectors", "sql", "bench"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def jsonable(value: Any) -> Any:
+    """Dataclasses, tuples, paths and counters as JSON values; NaN and infinities as null."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable(dataclasses.asdict(value))
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def print_json(
+    bench: str,
+    args: argparse.Namespace,
+    results: Any,
+    *,
+    machine: Mapping[str, Any] | None = None,
+    **sections: Any,
+) -> None:
+    """The one document a ``--json`` run prints: which benchmark, on which commit and machine,
+    with which options, and its results (each benchmark's rows, with the same names as its
+    table's columns where it can). Does nothing without ``--json``."""
+    if not getattr(args, "json", False):
+        return
+    document = {
+        "bench": bench,
+        "commit": git_commit(),
+        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine,
+        "options": {k: v for k, v in vars(args).items() if k != "json"},
+        "results": results,
+        **sections,
+    }
+    sys.stdout.write(json.dumps(jsonable(document), indent=1, allow_nan=False) + "\n")
+    sys.stdout.flush()
+
+
+# -- a private Postgres -------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrivatePostgres:
+    """A throwaway Postgres cluster under ``root`` on a spare port of 127.0.0.1, built by the
+    same server binaries as the system's, with initdb's defaults (which are the settings the
+    shared server runs with: fsync and synchronous_commit on, shared_buffers 128MB) plus
+    ``settings``."""
+
+    def __init__(self, root: Path, settings: Mapping[str, str] | None = None) -> None:
+        self.root = root
+        self.data = root / "pgdata"
+        self.port = free_port()
+        self.settings = {"max_connections": "300", "shared_buffers": "128MB", **(settings or {})}
+        self.bin = Path(
+            subprocess.run(
+                ["pg_config", "--bindir"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+        )
+        if not (self.bin / "initdb").exists():
+            versions = sorted(Path("/usr/lib/postgresql").iterdir())
+            self.bin = versions[-1] / "bin"
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        command = [str(self.bin / args[0]), *args[1:]]
+        if os.geteuid() == 0:  # Postgres refuses to run as root
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=True, capture_output=True)
+
+    def init(self) -> None:
+        if os.geteuid() == 0:
+            shutil.chown(self.root, "postgres")
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
+        lines = [
+            f"port = {self.port}",
+            "listen_addresses = '127.0.0.1'",
+            f"unix_socket_directories = '{self.root}'",
+            *(f"{name} = {value}" for name, value in self.settings.items()),
+        ]
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.write("\n".join(lines) + "\n")
+
+    def start(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "pg.log"), "-w", "start")
+
+    def restart(self, mode: str = "fast") -> None:
+        """Stop and start again. ``fast`` is a clean shutdown; ``immediate`` is a crash: the
+        restart runs crash recovery, which empties every unlogged table (run_seen_keys)."""
+        # Not `pg_ctl restart`: it would start the new postmaster without a log file, holding
+        # our captured stdout open forever.
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+        self.start()
+
+    def stop(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
 
 
 class Stopwatch:

@@ -62,3 +62,31 @@ class RecordsConnector(Connector):
         config = self.context.config
         assert isinstance(config, RecordsConfig)
         yield from dataset.pages(config.n, dataset.phase_named(config.phase), config.page_size)
+
+
+class WaitConfig(BaseModel):
+    ms: float = 20.0
+
+
+@register
+class WaitConnector(Connector):
+    """One full table that yields nothing after waiting ``ms`` on its "provider": a run that
+    spends its time waiting on the network, as real syncs do, for bench/fleet.py."""
+
+    provider = "bench_wait"
+    tables = (Table("items", "id", Mode.FULL),)
+    config_model = WaitConfig
+
+    def read(self, table: Table) -> Iterator[Any]:
+        config = self.context.config
+        assert isinstance(config, WaitConfig)
+        if config.ms > 0:
+            self.context.sleep(config.ms / 1000)
+        return iter(())
+
+
+# The same under other provider names: runs of different providers in one workspace may run at
+# once, so a few workspaces can still keep many workers busy (bench/fleet.py's lanes).
+WAIT_PROVIDERS = ("bench_wait", *(f"bench_wait_{i}" for i in range(2, 9)))
+for _name in WAIT_PROVIDERS[1:]:
+    register(type(f"WaitConnector_{_name}", (WaitConnector,), {"provider": _name}))

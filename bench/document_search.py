@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import random
 import shutil
 import statistics
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +33,14 @@ from psycopg import conninfo
 
 from bench.common import (
     Column,
+    add_json_option,
     connect,
     console,
+    json_mode,
+    machine_info,
     machine_line,
     migrate,
+    print_json,
     print_table,
     scratch_database,
 )
@@ -114,8 +117,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chunks", default="10000,100000", help="workspace sizes, in chunks")
     parser.add_argument("--queries", type=int, default=5, help="queries per size (median)")
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    add_json_option(parser)
     args = parser.parse_args()
+    json_mode(args)
     sizes = [int(s) for s in args.chunks.split(",")]
     rows: list[Row] = []
     directory = Path(tempfile.mkdtemp(prefix="bench-document-search-"))
@@ -123,7 +127,8 @@ def main() -> None:
     try:
         with scratch_database("document_search") as plain:
             console.print(f"[bold]bench.document_search[/bold]: {', '.join(map(str, sizes))}")
-            console.print(machine_line(plain))
+            machine = machine_info(plain)
+            console.print(machine_line(machine))
             vector = conninfo.make_conninfo(server.get_uri("postgres"))
             for url in (plain, vector):
                 migrate(url)
@@ -162,8 +167,7 @@ def main() -> None:
             for r in rows
         ],
     )
-    if args.json:
-        print(json.dumps([asdict(r) for r in rows]))
+    print_json("document_search", args, rows, machine=machine)
 
 
 if __name__ == "__main__":

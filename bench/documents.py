@@ -35,10 +35,14 @@ from pathlib import Path
 
 from bench.common import (
     Column,
+    add_json_option,
     connect,
     console,
+    json_mode,
+    machine_info,
     machine_line,
     migrate,
+    print_json,
     print_table,
     python,
     scratch_database,
@@ -231,7 +235,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="5,50,500", help="file sizes in MB (5,50,500)")
     parser.add_argument("--peer-max-mb", type=int, default=50, help="largest file for LangChain")
     parser.add_argument("--searches", type=int, default=5, help="searches per file (median)")
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    add_json_option(parser)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--file", help=argparse.SUPPRESS)
@@ -244,11 +248,13 @@ def main() -> None:
         child_langchain(args.file)
         return
 
+    json_mode(args)
     sizes = [int(s) for s in args.sizes.split(",")]
     rows: list[Row] = []
     with scratch_database("documents") as url, tempfile.TemporaryDirectory() as workdir:
         console.print(f"[bold]bench.documents[/bold]: {', '.join(f'{s} MB' for s in sizes)}")
-        console.print(machine_line(url))
+        machine = machine_info(url)
+        console.print(machine_line(machine))
         migrate(url)
         for size in sizes:
             file = Path(workdir) / f"corpus-{size}mb.txt"
@@ -278,8 +284,12 @@ def main() -> None:
                 rows.append(_show(Row(size, "LangChain splitter", **peer)))  # type: ignore[arg-type]
             file.unlink()
     report(rows)
-    if args.json:
-        print(json.dumps([asdict(r) for r in rows]))
+    print_json(
+        "documents",
+        args,
+        [{**asdict(r), "count_rate": r.count_rate, "index_rate": r.index_rate} for r in rows],
+        machine=machine,
+    )
 
 
 def _fmt(value: float | None, spec: str = ",.0f") -> str:

@@ -1,10 +1,11 @@
-"""Enqueue-to-start latency with an idle worker: from the moment the enqueuing client's commit
-returned to the moment the worker started the job, p50/p95/p99.
+"""Enqueue-to-start latency with an idle worker: from the moment the enqueuing client sent its
+enqueue to the moment the worker started the job, p50/p95/p99.
 
-    python -m bench.latency [--quick] [--samples N]
+    python -m bench.latency [--quick] [--samples N] [--no-peers] [--json]
 
 - bare LISTEN/NOTIFY: a process LISTENs; the bench sends ``NOTIFY`` (autocommit); the wake-up
-  ceiling no notified queue can beat.
+  ceiling no notified queue can beat. Also the same with a row inserted in the NOTIFY's
+  statement, so its commit flushes WAL as every durable enqueue's does.
 - ours: a real worker process (``Worker.run()``); the bench calls ``Engine.sync()``. Two
   start marks: the claim (``run_attempts.started_at``, stamped inside ``claim_run()``) and the
   connector's constructor (the first connector code to run). With LISTEN/NOTIFY (poll
@@ -12,9 +13,13 @@ returned to the moment the worker started the job, p50/p95/p99.
 - peers, each worker in its own process: Procrastinate, PgQueuer and graphile-worker (all
   LISTEN/NOTIFY), pg-boss 10 (polling only, at its 0.5 s minimum).
 
-Each sample: wait a random 50-250 ms with the worker idle (its previous job done), enqueue,
-record the wall clock when the enqueue returned, read the worker's start mark (same machine,
-same clock).
+Each sample: wait a random 50-250 ms with the worker idle (its previous job done), read the
+wall clock, enqueue, read it again when the enqueue returned, then the worker's start mark
+(same machine, same clock). Latency is measured from the first mark: Postgres delivers a
+notification as the enqueue's transaction commits, before the commit's reply is back at the
+client, so a mark taken after the enqueue returned can come after the worker already woke (bare
+LISTEN/NOTIFY measured a negative p50 that way). The table shows that old measure beside the
+new one, and the enqueue's own duration.
 """
 
 from __future__ import annotations
@@ -35,11 +40,15 @@ import bench.connectors  # noqa: F401 - registers the bench connectors
 from bench.common import (
     NODE_DIR,
     Column,
+    add_json_option,
     as_uri,
     connect,
     console,
+    json_mode,
+    machine_info,
     machine_line,
     percentile,
+    print_json,
     print_table,
     python,
     ratio,
@@ -53,10 +62,20 @@ from bench.common import (
 class Series:
     system: str
     config: str
-    samples: list[float] = field(default_factory=list)
+    samples: list[float] = field(default_factory=list)  # ms from before the enqueue was sent
+    from_return: list[float] = field(default_factory=list)  # ms from the enqueue's return
     error: str = ""
     ours: bool = False
     ceiling: bool = False
+
+    @property
+    def enqueue_ms(self) -> list[float]:
+        """How long each enqueue took to return (its round trip, commit included)."""
+        return [a - b for a, b in zip(self.samples, self.from_return, strict=True)]
+
+    def add(self, sent: float, returned: float, started: float) -> None:
+        self.samples.append(1000 * (started - sent))
+        self.from_return.append(1000 * (started - returned))
 
 
 class Marks:
@@ -106,10 +125,10 @@ def sample(
         time.sleep(0.5)  # let it settle into its idle wait
         for _ in range(count):
             time.sleep(random.uniform(0.05, 0.25) + random.uniform(0, poll))
+            sent = time.time()
             handle = enqueue()
-            enqueued = time.time()
-            started = marks.next(timeout)
-            series.samples.append(1000 * (started - enqueued))
+            returned = time.time()
+            series.add(sent, returned, marks.next(timeout))
             if after is not None:
                 after(handle)
     except Exception as exc:
@@ -128,6 +147,14 @@ def sample(
 # -- systems ------------------------------------------------------------------------------
 
 
+BARE_TABLE = "CREATE TABLE IF NOT EXISTS public.bare_enqueued (id bigserial PRIMARY KEY)"
+# One statement, autocommit: the insert makes the commit flush WAL, as a durable enqueue's does.
+BARE_DURABLE = (
+    "WITH job AS (INSERT INTO public.bare_enqueued DEFAULT VALUES RETURNING id) "
+    "SELECT pg_notify('bench_bare', id::text) FROM job"
+)
+
+
 def bare(url: str, count: int) -> Series:
     proc = spawn([python(), "-m", "bench.peers", "bare", "serve", "--url", url])
     with psycopg.connect(url, autocommit=True) as conn:
@@ -136,6 +163,18 @@ def bare(url: str, count: int) -> Series:
             proc,
             count,
             lambda: conn.execute("NOTIFY bench_bare"),
+        )
+
+
+def bare_durable(url: str, count: int) -> Series:
+    proc = spawn([python(), "-m", "bench.peers", "bare", "serve", "--url", url])
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(BARE_TABLE)
+        return sample(
+            Series("bare LISTEN/NOTIFY", "INSERT a row + NOTIFY, one statement"),
+            proc,
+            count,
+            lambda: conn.execute(BARE_DURABLE),
         )
 
 
@@ -151,11 +190,12 @@ def ours(url: str, count: int, *, listen: bool, poll: float) -> tuple[Series, Se
     series = Series("connector-sync", f"{how}: connector started", ours=listen)
     with Engine(settings_for(url), pool_size=3) as engine, connect(url) as conn:
         connection_id = engine.connections()[0].id
-        enqueued_at: dict[int, float] = {}
+        marks: dict[int, tuple[float, float]] = {}
 
         def enqueue() -> int:
+            sent = time.time()
             run_id = engine.sync(connection_id).id
-            enqueued_at[run_id] = time.time()
+            marks[run_id] = (sent, time.time())
             return run_id
 
         def after(run_id: int) -> None:
@@ -168,7 +208,7 @@ def ours(url: str, count: int, *, listen: bool, poll: float) -> tuple[Series, Se
                     (run_id,),
                 ).fetchone()
                 if row and row[0] not in ("queued", "running"):
-                    claimed.samples.append(1000 * (float(row[1]) - enqueued_at[run_id]))
+                    claimed.add(*marks[run_id], float(row[1]))
                     return
                 time.sleep(0.005)
             raise RuntimeError(f"run {run_id} did not finish")
@@ -268,7 +308,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--samples", type=int, help="samples per notified system (default 100)")
     parser.add_argument("--no-peers", action="store_true")
+    add_json_option(parser)
     args = parser.parse_args()
+    json_mode(args)
     n = args.samples or (10 if args.quick else 100)
     # Polling at 2 s costs about two seconds a sample.
     n_slow = 3 if args.quick else max(5, n // 4)
@@ -277,7 +319,8 @@ def main() -> None:
         console.print(
             f"[bold]bench.latency[/bold]: {n} samples per system ({n_slow} at 2 s polling)"
         )
-        console.print(machine_line(url))
+        machine = machine_info(url)
+        console.print(machine_line(machine))
         from sync import Engine
 
         with Engine(settings_for(url), pool_size=3) as engine:
@@ -286,7 +329,7 @@ def main() -> None:
             engine.create_connection(ws.id, "mark", "bench_start_mark")
         failed = [] if args.no_peers else _setup_peers(url)
 
-        results: list[Series] = [bare(url, n)]
+        results: list[Series] = [bare(url, n), bare_durable(url, n)]
         results.extend(ours(url, n, listen=True, poll=2.0))
         results.extend(ours(url, n_slow, listen=False, poll=2.0))
         results.extend(ours(url, n, listen=False, poll=0.1))
@@ -302,6 +345,24 @@ def main() -> None:
         results.append(bare(url, n))  # again: the machine may have drifted meanwhile
 
     report(results)
+    print_json(
+        "latency",
+        args,
+        [
+            {
+                "system": s.system,
+                "configuration": s.config,
+                "n": len(s.samples),
+                **{f"p{q}_ms": percentile(s.samples, q) for q in (50, 95, 99)},
+                "p50_ms_from_enqueue_return": percentile(s.from_return, 50),
+                "enqueue_p50_ms": percentile(s.enqueue_ms, 50),
+                "samples_ms": s.samples,
+                "error": s.error or None,
+            }
+            for s in results
+        ],
+        machine=machine,
+    )
 
 
 def report(results: list[Series]) -> None:
@@ -314,7 +375,7 @@ def report(results: list[Series]) -> None:
     rows = []
     for s in results:
         if not s.samples:
-            rows.append([s.system, s.config, 0, "error", s.error, "", "", ""])
+            rows.append([s.system, s.config, 0, "error", s.error, "", "", "", "", ""])
             continue
         p50 = percentile(s.samples, 50)
         rows.append(
@@ -325,12 +386,14 @@ def report(results: list[Series]) -> None:
                 f"{p50:.2f}",
                 f"{percentile(s.samples, 95):.2f}",
                 f"{percentile(s.samples, 99):.2f}",
+                f"{percentile(s.from_return, 50):.2f}",
+                f"{percentile(s.enqueue_ms, 50):.2f}",
                 ratio(p50, ours_p50),
                 ratio(p50, ceiling),
             ]
         )
     print_table(
-        "Enqueue-to-start latency, idle worker (ms, from the enqueue's commit returning)",
+        "Enqueue-to-start latency, idle worker (ms, from before the enqueue was sent)",
         [
             Column("system", "left"),
             Column("configuration: start mark", "left"),
@@ -338,6 +401,8 @@ def report(results: list[Series]) -> None:
             "p50",
             "p95",
             "p99",
+            "p50 from the enqueue's return (old mark)",
+            "enqueue p50",
             "p50 x ours",
             "p50 x bare",
         ],

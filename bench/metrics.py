@@ -12,17 +12,20 @@ days (1 % failed), each with two tables' results, and one queued run per connect
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Any
 
 from bench.common import (
     Column,
+    add_json_option,
     connect,
     console,
+    json_mode,
+    machine_info,
     machine_line,
     median,
     migrate,
+    print_json,
     print_table,
     ratio,
     scratch_database,
@@ -82,8 +85,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 k finished runs only")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_json_option(parser)
     args = parser.parse_args()
+    json_mode(args)
     sizes = [100_000] if args.quick else [100_000, 1_000_000]
 
     from sync import Engine
@@ -91,7 +95,7 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     with scratch_database("metrics") as url:
         migrate(url)
-        machine = machine_line(url)
+        machine = machine_info(url)
         with connect(url) as admin, Engine(settings_for(url), pool_size=3) as engine:
             for statement in BASE:
                 admin.execute(statement)
@@ -115,10 +119,7 @@ def main() -> None:
                         ),
                     }
                 )
-    if args.json:
-        print(json.dumps({"machine": machine, "results": results}, indent=2))
-        return
-    console.print(machine)
+    console.print(machine_line(machine))
     print_table(
         f"/metrics and the connections page as history grows (median of {args.repeat})",
         [
@@ -139,6 +140,7 @@ def main() -> None:
             for r in results
         ],
     )
+    print_json("metrics", args, results, machine=machine)
 
 
 if __name__ == "__main__":

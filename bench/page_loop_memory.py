@@ -216,32 +216,58 @@ def main() -> None:
     parser.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     parser.add_argument("--no-control", action="store_true", help="skip the control row")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the results as one JSON document on stdout (the table goes to stderr)",
+    )
     args = parser.parse_args()
     if args.child is not None:
         child(args.child, args.base_url, hold=args.hold)
         return
+    # Only the parent imports the shared bench helpers (rich among them): the child's peak RSS
+    # is the measurement.
+    from bench.common import machine_info, print_json
 
+    machine = machine_info(None)
     rows = [measure(n) for n in args.sizes]
     control = None if args.no_control else measure(max(args.sizes), hold=True)
-    print(f"page loop memory: GitHub connector -> engine writer, {PER_PAGE} records a page")
+    out = sys.stderr if args.json else sys.stdout
+    print(
+        f"page loop memory: GitHub connector -> engine writer, {PER_PAGE} records a page", file=out
+    )
     print(
         f"{'':<30} {'records':>10} {'pages':>6} {'peak RSS':>10} {'sync time':>10} "
-        f"{'records/s':>10}"
+        f"{'records/s':>10}",
+        file=out,
     )
     for row in [*rows, *([control] if control else [])]:
+        row["records_per_s"] = row["records"] / row["seconds"]
         print(
             f"{row['what']:<30} {row['records']:>10,} {row['pages']:>6,} "
             f"{row['peak_rss_mib']:>7.1f} MiB {row['seconds']:>8.1f} s "
-            f"{row['records'] / row['seconds']:>10,.0f}"
+            f"{row['records_per_s']:>10,.0f}",
+            file=out,
         )
     growth = rows[-1]["peak_rss_mib"] - rows[0]["peak_rss_mib"]
     print(
         f"page loop: peak RSS grew {growth:+.1f} MiB from {rows[0]['records']:,} to "
-        f"{rows[-1]['records']:,} records ({rows[-1]['records'] // rows[0]['records']}x the data)"
+        f"{rows[-1]['records']:,} records ({rows[-1]['records'] // rows[0]['records']}x the data)",
+        file=out,
     )
     if control:
         extra = control["peak_rss_mib"] - rows[-1]["peak_rss_mib"]
-        print(f"control: holding the {control['records']:,} records costs {extra:+.1f} MiB more")
+        print(
+            f"control: holding the {control['records']:,} records costs {extra:+.1f} MiB more",
+            file=out,
+        )
+    print_json(
+        "page_loop_memory",
+        args,
+        [*rows, *([control] if control else [])],
+        machine=machine,
+        growth_mib=growth,
+    )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import psycopg
@@ -45,10 +45,14 @@ import bench.connectors  # noqa: F401 - registers the bench connectors
 from bench import dataset
 from bench.common import (
     Column,
+    add_json_option,
     as_uri,
     connect,
     console,
+    json_mode,
+    machine_info,
     machine_line,
+    print_json,
     print_table,
     python,
     ratio,
@@ -364,17 +368,20 @@ def main() -> None:
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    add_json_option(parser)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.url, args.n, args.phase, args.workdir)
         return
+    json_mode(args)
     sizes = [args.small] if args.quick else [args.small, args.n or 1_000_000]
     dlt_max = args.dlt_n if args.dlt_n is not None else max(sizes)
     rows: list[Row] = []
 
     with scratch_database("records") as url, tempfile.TemporaryDirectory() as workdir:
         console.print(f"[bold]bench.records[/bold]: sizes {', '.join(f'{s:,}' for s in sizes)}")
-        console.print(machine_line(url))
+        machine = machine_info(url)
+        console.print(machine_line(machine))
         from sync import Engine
 
         with Engine(settings_for(url), pool_size=3) as engine:
@@ -403,6 +410,12 @@ def main() -> None:
                         console.print(f"[red]dlt failed: {exc}[/red]")
                         break
     report(rows)
+    print_json(
+        "records",
+        args,
+        [{**asdict(row), "records_per_s": row.rate} for row in rows],
+        machine=machine,
+    )
 
 
 def _show(row: Row) -> Row:

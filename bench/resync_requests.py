@@ -1,7 +1,7 @@
 """Requests a resync costs when nothing changed upstream, per reference connector and table.
 
     python -m bench.resync_requests           # prints a table
-    python -m bench.resync_requests --json
+    python -m bench.resync_requests [--json]
 
 Each reference connector syncs a provider answering as its docs say (mocked with respx, so the
 numbers are exact and the same on every machine): GitHub (two repositories of 250 issues and
@@ -30,7 +30,15 @@ import httpx
 import respx
 from rich.table import Table
 
-from bench.common import console, scratch_database, settings_for
+from bench.common import (
+    add_json_option,
+    console,
+    json_mode,
+    machine_info,
+    print_json,
+    scratch_database,
+    settings_for,
+)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "connectors" / "fixtures"
 GITHUB = "https://api.github.com"
@@ -247,12 +255,10 @@ def measure() -> dict[str, dict[str, dict[str, int]]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true")
+    add_json_option(parser)
     args = parser.parse_args()
+    json_mode(args)
     found = measure()
-    if args.json:
-        print(json.dumps(found, indent=2))
-        return
     table = Table(title="requests per sync, by table (304s apart)")
     for column in ("connector", "table", "first sync", "resync, nothing changed"):
         table.add_column(column, justify="left" if column in ("connector", "table") else "right")
@@ -261,6 +267,7 @@ def main() -> None:
         for name in names:
             table.add_row(provider, name, *(str(syncs[s].get(name, 0)) for s in syncs))
     console.print(table)
+    print_json("resync_requests", args, found, machine=machine_info(None))
 
 
 if __name__ == "__main__":

@@ -25,12 +25,16 @@ import psycopg
 
 from bench.common import (
     Column,
+    add_json_option,
     connect,
     console,
+    json_mode,
+    machine_info,
     machine_line,
     median,
     migrate,
     percentile,
+    print_json,
     print_table,
     ratio,
     scratch_database,
@@ -231,16 +235,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="10 k and 100 k only")
     parser.add_argument("--claims", type=int, help="timed claims per size (default 300)")
+    add_json_option(parser)
     args = parser.parse_args()
+    json_mode(args)
     claims = args.claims or (50 if args.quick else 300)
     sizes = (10_000, 100_000) if args.quick else (10_000, 100_000, 1_000_000)
     blocked_sizes = (1_000,) if args.quick else (1_000, 10_000)
     rows: list[list[Any]] = []
+    results: list[dict[str, Any]] = []
     plans_out: list[tuple[str, list[str]]] = []
 
     with scratch_database("scale") as url:
         console.print(f"[bold]bench.scale[/bold]: {claims} claims per size")
-        console.print(machine_line(url))
+        machine = machine_info(url)
+        console.print(machine_line(machine))
         migrate(url)
         with connect(url) as conn:
             exec_all(conn, BASE)
@@ -267,6 +275,16 @@ def main() -> None:
                 ]
             )
             plans_out.append((label, lines))
+            results.append(
+                {
+                    "history": label.strip(),
+                    "runs_in_table": finished,
+                    "p50_ms": p50,
+                    "p95_ms": percentile(timings, 95),
+                    "buffers_per_claim": buffers,
+                    "p50_x_10k": p50 / reference,
+                }
+            )
             console.print(f"  {label:45} p50 {p50:.3f} ms, {buffers} buffers")
 
         for size in sizes:
@@ -340,6 +358,17 @@ def main() -> None:
             ]
         )
         plans_out.append(("the claims after it", lines))
+        results.append(
+            {
+                "history": f"+{churn:,} runs queued then finished, no VACUUM",
+                "runs_in_table": have + churn,
+                "first_claim_buffers": first_buffers,
+                "p50_ms": median(timings),
+                "p95_ms": percentile(timings, 95),
+                "buffers_per_claim": buffers,
+                "p50_x_10k": median(timings) / reference,
+            }
+        )
 
     for label, lines in plans_out:
         console.print(f"\n[bold]claim plan: {label}[/bold]")
@@ -357,6 +386,7 @@ def main() -> None:
         ],
         rows,
     )
+    print_json("scale", args, results, machine=machine, plans=dict(plans_out))
 
 
 if __name__ == "__main__":

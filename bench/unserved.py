@@ -16,7 +16,6 @@ back, so every claim sees the same queue; the client times the statement.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from datetime import timedelta
 from typing import Any
@@ -25,12 +24,16 @@ from psycopg.rows import dict_row
 
 from bench.common import (
     Column,
+    add_json_option,
     connect,
     console,
+    json_mode,
+    machine_info,
     machine_line,
     median,
     migrate,
     percentile,
+    print_json,
     print_table,
     ratio,
     scratch_database,
@@ -83,12 +86,14 @@ def claims(url: str, count: int) -> tuple[list[float], list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--claims", type=int, default=300, help="timed claims per size")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON too")
+    add_json_option(parser)
     args = parser.parse_args()
+    json_mode(args)
     results: list[dict[str, Any]] = []
     with scratch_database("unserved") as url:
         console.print(f"[bold]bench.unserved[/bold]: {args.claims} claims per size")
-        console.print(machine_line(url))
+        machine = machine_info(url)
+        console.print(machine_line(machine))
         migrate(url)
         with connect(url) as conn:
             for statement in BASE:
@@ -132,8 +137,7 @@ def main() -> None:
             for r in results
         ],
     )
-    if args.json:
-        print(json.dumps(results, indent=2))
+    print_json("unserved", args, results, machine=machine)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,18 @@
 """Every test gets its own schema in the test database (DATABASE_URL, else the local test
-database), migrated fresh and dropped afterwards, so tests run in parallel and leave nothing."""
+database), migrated fresh and dropped afterwards, so tests run in parallel and leave nothing.
+
+``pytest --pgbouncer`` runs the suite through a private PgBouncer in transaction pooling mode
+(tests/pgbouncer.py): DATABASE_URL, for the tests and every process they start, then points at
+PgBouncer, while the fixtures that create, migrate and drop a test's schema and the ``admin``
+connection reach Postgres directly (DIRECT_URL), as an operator's ``migrate`` would.
+"""
 
 from __future__ import annotations
 
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -18,13 +25,67 @@ from sync import Engine, Settings
 pytest_plugins = ["sync.testing", "tests.cli_backends"]
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+# Postgres itself; set apart from DATABASE_URL only by `--pgbouncer` (inherited by xdist workers).
+DIRECT_URL = os.environ.get("CONNECTOR_SYNC_TEST_DIRECT_URL", DATABASE_URL)
+PGBOUNCER_LOG = Path(__file__).resolve().parent.parent / "test-artifacts" / "pgbouncer.log"
 # One key for the session, inherited by worker subprocesses through the environment.
 os.environ.setdefault("CONNECTOR_SYNC_SECRET_KEYS", Fernet.generate_key().decode())
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("connector-sync")
+    group.addoption(
+        "--pgbouncer",
+        action="store_true",
+        help="run the tests through a private PgBouncer in transaction pooling mode "
+        "(Debian's pgbouncer); its log is left in test-artifacts/pgbouncer.log",
+    )
+    group.addoption(
+        "--pgbouncer-ignore",
+        default="",
+        metavar="PARAMS",
+        help="with --pgbouncer: startup parameters PgBouncer should drop instead of refusing "
+        "the connection (its ignore_startup_parameters), e.g. options",
+    )
+    group.addoption(
+        "--pgbouncer-pin-search-path",
+        action="store_true",
+        help="with --pgbouncer: each test's schema gets a PgBouncer database of its own that sets "
+        "search_path on its server connections, to see what breaks once the schema is found",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global DATABASE_URL, DIRECT_URL
+    # xdist workers inherit the environment the controller sets up here.
+    if not config.getoption("pgbouncer") or hasattr(config, "workerinput"):
+        return
+    from tests.pgbouncer import PgBouncer
+
+    ignore = tuple(p for p in config.getoption("pgbouncer_ignore").split(",") if p)
+    bouncer = PgBouncer(DATABASE_URL, ignore_startup_parameters=ignore).start()
+    config.add_cleanup(lambda: bouncer.stop(keep_log=PGBOUNCER_LOG))
+    DIRECT_URL, DATABASE_URL = DATABASE_URL, bouncer.url
+    os.environ["CONNECTOR_SYNC_TEST_DIRECT_URL"] = DIRECT_URL
+    os.environ["DATABASE_URL"] = DATABASE_URL
+    if config.getoption("pgbouncer_pin_search_path"):
+        os.environ["CONNECTOR_SYNC_TEST_PGBOUNCER_CONFIG"] = str(bouncer.config)
+
+
+def database_url(schema: str) -> str:
+    """The URL a test's engine uses: DATABASE_URL, or with --pgbouncer-pin-search-path the
+    PgBouncer database pinned to the test's schema."""
+    pinned = os.environ.get("CONNECTOR_SYNC_TEST_PGBOUNCER_CONFIG")
+    if not pinned:
+        return DATABASE_URL
+    from tests.pgbouncer import pin_search_path
+
+    return pin_search_path(Path(pinned), DATABASE_URL, schema)
+
+
 def make_settings(schema: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
-        "database_url": DATABASE_URL,
+        "database_url": database_url(schema),
         "schema_name": schema,
         "backoff_seconds": (5.0, 30.0, 120.0),
     }
@@ -36,7 +97,7 @@ def make_settings(schema: str, **overrides: Any) -> Settings:
 def schema() -> Iterator[str]:
     name = f"t_{uuid.uuid4().hex[:12]}"
     yield name
-    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
+    with psycopg.connect(DIRECT_URL, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
 
 
@@ -47,8 +108,12 @@ def settings(schema: str) -> Settings:
 
 @pytest.fixture
 def engine(settings: Settings) -> Iterator[Engine]:
+    if DIRECT_URL != DATABASE_URL:
+        with Engine(settings, database_url=DIRECT_URL, pool_size=1) as direct:
+            direct.migrate()
     with Engine(settings, pool_size=10) as eng:
-        eng.migrate()
+        if DIRECT_URL == DATABASE_URL:
+            eng.migrate()
         yield eng
 
 
@@ -56,7 +121,7 @@ def engine(settings: Settings) -> Iterator[Engine]:
 def admin(schema: str) -> Iterator[psycopg.Connection[Any]]:
     """A plain connection with search_path on the test schema, for inspecting state."""
     with psycopg.connect(
-        DATABASE_URL,
+        DIRECT_URL,
         autocommit=True,
         options=f"-c search_path={schema}",
         row_factory=psycopg.rows.dict_row,
