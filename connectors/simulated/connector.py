@@ -155,8 +155,8 @@ class SimulatedDocs(_LinkPaged):
     def download(
         self, table: Table, record: Mapping[str, Any], out: BinaryIO, *, max_bytes: int
     ) -> Download:
-        # The path is built from the id, never taken from the record: the token goes only to
-        # the provider's own origin.
+        # The path is built from the file's id, never a URL found in the record: the token goes
+        # only to the provider's own origin.
         path = f"files/{quote(str(record.get('id') or ''), safe='')}/content"
         result = self.http.download(path, out, max_bytes=max_bytes, expect=(404,))
         if result.status == 404:

@@ -179,11 +179,11 @@ class Tenant:
                 for i in touched:
                     self._update(table, data.rows[i], rng)
                     data.changed_in[i] = self.generation
-                changes = {"added": [], "updated": touched, "deleted": doomed}
-                if table == "files":
-                    changes["moved"] = self._move_files(data, set(touched), n, rng)
-                changes["added"] = [self._insert(table, rng) for _ in range(n)]
-                summary[table] = changes
+                moved = self._move_files(data, set(touched), n, rng) if table == "files" else None
+                added = [self._insert(table, rng) for _ in range(n)]
+                summary[table] = {"added": added, "updated": touched, "deleted": doomed}
+                if moved is not None:
+                    summary[table]["moved"] = moved
             return summary
 
     def _move_files(self, data: _Table, touched: set[int], n: int, rng: random.Random) -> list[int]:
@@ -822,7 +822,11 @@ def start_server(
         (_Handler,),
         {"simulation": simulation, "downloads_port": int(downloads.server_address[1])},
     )
-    server = _Server((host, port), handler)
+    try:
+        server = _Server((host, port), handler)
+    except BaseException:
+        downloads.server_close()
+        raise
     threads = []
     for name, serving in (("simulated-provider", server), ("simulated-downloads", downloads)):
         thread = threading.Thread(

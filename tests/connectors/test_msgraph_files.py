@@ -197,6 +197,15 @@ def test_a_deleted_item_is_gone_not_a_failure_to_retry(respx_mock: respx.MockRou
     assert out.getvalue() == b""
 
 
+def test_a_410_on_content_is_gone_too(respx_mock: respx.MockRouter) -> None:
+    respx_mock.get(CONTENT_URL).mock(
+        return_value=graph_error(410, "resourceModified", "The resource has been deleted.")
+    )
+    connector, _ = offline()
+    with pytest.raises(FileGone, match="is no longer in the drive"):
+        connector.download(TABLE, items()[SITE_PLAN], io.BytesIO(), max_bytes=1024)
+
+
 def test_a_throttled_content_request_waits_for_retry_after(respx_mock: respx.MockRouter) -> None:
     throttled = graph_error(
         429, "activityLimitReached", "The request has been throttled", **{"Retry-After": "5"}
