@@ -24,10 +24,13 @@ from connectors.errors import (
     Aborted,
     AuthError,
     ConnectorError,
+    ContentTooLarge,
+    FileGone,
     PermanentError,
     RateLimited,
     RetryableError,
 )
+from connectors.files import Download, File
 from connectors.http import HttpClient
 from connectors.paging import (
     cursor_pages,
@@ -50,8 +53,12 @@ __all__ = [
     "Connector",
     "ConnectorContext",
     "ConnectorError",
+    "ContentTooLarge",
     "Deleted",
+    "Download",
     "DuplicateProvider",
+    "File",
+    "FileGone",
     "HttpClient",
     "Item",
     "Mode",

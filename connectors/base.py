@@ -6,11 +6,12 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from connectors.context import ConnectorContext
+from connectors.files import Download, File
 
 
 class Mode(StrEnum):
@@ -50,6 +51,10 @@ class Table:
     confirm_limit: int = 100
     """At most this many missing keys per partition are confirmed one by one in a run; the rest
     wait for a second complete listing."""
+    files: bool = False
+    """Records of this table may be files (documents whose content can be fetched and indexed):
+    the connector describes them with :meth:`Connector.describe_file` and streams their content
+    with :meth:`Connector.download`. The records are stored like any other table's."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +157,26 @@ class Connector:
         not returned stay live. Return None when the provider has no per-item read: then a key
         is tombstoned only once two complete listings missed it."""
         return None
+
+    @classmethod
+    def describe_file(cls, table: Table, record: Mapping[str, Any]) -> File | None:
+        """For a table declared with ``files=True``: the :class:`~connectors.files.File` a
+        stored record is, or None for a record that is not a file (a folder). It reads only
+        the record (no provider, no connection), so the engine may call it on any worker, on
+        any stored row. A record that claims to be a file but cannot be described (no name)
+        raises :class:`~connectors.errors.PermanentError`."""
+        raise NotImplementedError(f"{cls.__name__} does not implement describe_file()")
+
+    def download(
+        self, table: Table, record: Mapping[str, Any], out: BinaryIO, *, max_bytes: int
+    ) -> Download:
+        """Stream the content of the file a stored record of a ``files`` table is into ``out``
+        (a seekable binary file, written from its current position), refusing more than
+        ``max_bytes`` bytes: usually one call of ``HttpClient.download``. Given only the record
+        and this connection's config and credentials, on whichever worker asks. Raise
+        :class:`~connectors.errors.FileGone` when the provider says the file no longer
+        exists."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement download()")
 
     def close(self) -> None:
         """Release what the connector holds (HTTP clients). Called once after the run."""

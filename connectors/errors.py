@@ -39,6 +39,24 @@ class PermanentError(ConnectorError):
     kind = "permanent"
 
 
+class ContentTooLarge(PermanentError):
+    """A download went past the byte limit its caller set: the file is refused, and what was
+    written of it is discarded."""
+
+    kind = "too_large"
+
+    def __init__(self, message: str, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class FileGone(PermanentError):
+    """The file was deleted (or moved out of reach) upstream since it was listed: there is
+    nothing to fetch, and the next sync tombstones its row."""
+
+    kind = "gone"
+
+
 class AuthError(PermanentError):
     """Credentials were refused and refreshing them did not help: the connection is
     marked ``disconnected`` until someone gives it new credentials."""

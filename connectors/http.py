@@ -5,15 +5,24 @@ credential refresh, and classification of every response into the connector erro
 A short wait (Retry-After up to ``max_inline_wait``, 30 s by default) is slept inside the run
 while the engine keeps the lease; a longer one ends the attempt with :class:`RateLimited` and the
 run is requeued at that time.
+
+Redirects are followed by the client itself, hop by hop, so that credentials go only where they
+were meant to: a hop to another origin (Microsoft Graph's ``/content`` answers 302 to a
+pre-authenticated URL on another host) is sent without the headers the ``Auth`` added, whatever
+their names (httpx on its own drops ``Authorization`` only, not an API key's header).
+
+:meth:`HttpClient.download` streams a body into a file instead of memory, under a byte limit,
+with the same retries, rate limits, refresh and abort signal as every other request.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 import orjson
@@ -26,8 +35,15 @@ from tenacity import (
 
 from connectors.auth import Auth
 from connectors.context import CachedResponse, RequestContext
-from connectors.errors import AuthError, PermanentError, RateLimited, RetryableError
-from connectors.http_policy import Classification, Verdict, classify
+from connectors.errors import (
+    AuthError,
+    ContentTooLarge,
+    PermanentError,
+    RateLimited,
+    RetryableError,
+)
+from connectors.files import Download
+from connectors.http_policy import Classification, Verdict, classify, credentials_may_follow
 
 ResponseClassifier = Callable[[httpx.Response, datetime], Classification | None]
 """A provider's own reading of a response (GitHub's 403 that is a rate limit, Procore's 429 whose
@@ -36,6 +52,8 @@ wait is in ``X-Rate-Limit-Reset``); None leaves the response to the standard cla
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 USER_AGENT = "connector-sync"
 MAX_INLINE_WAITS = 5  # rate-limit waits slept inside one request before the attempt gives up
+MAX_REDIRECTS = 10
+DOWNLOAD_TIMEOUT = 3600.0  # a download's whole body, as a JSON body's is total_timeout
 
 # What a cached response keeps of its headers: what paging and totals read.
 _CACHED_HEADERS = ("content-type", "link", "etag", "last-modified")
@@ -45,6 +63,63 @@ class _Transient(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class _Sink:
+    """Where a download's body goes: ``out``, from the position it had when the download began.
+    Every try starts there again, so a retried or refused body leaves nothing behind."""
+
+    def __init__(self, out: BinaryIO, max_bytes: int, timeout: float) -> None:
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be zero or more")
+        self.out = out
+        self.start = out.tell()
+        self.max_bytes = max_bytes
+        self.timeout = timeout
+        self.size = 0
+        self.digest = hashlib.sha256()
+        self.media_type: str | None = None
+
+    def receive(
+        self,
+        response: httpx.Response,
+        where: str,
+        deadline: float,
+        check_abort: Callable[[], None],
+    ) -> None:
+        self.discard()
+        declared = int(response.headers.get("content-length") or 0)
+        if declared > self.max_bytes and not response.headers.get("content-encoding"):
+            raise self._too_large(where)
+        for chunk in response.iter_bytes():
+            check_abort()
+            self.size += len(chunk)
+            if self.size > self.max_bytes:
+                raise self._too_large(where)
+            self.digest.update(chunk)
+            self.out.write(chunk)
+            if time.monotonic() > deadline:
+                raise _Transient(f"{where}: the content took over {self.timeout:g} s to arrive")
+        kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        self.media_type = kind or None
+
+    def discard(self) -> None:
+        self.out.seek(self.start)
+        self.out.truncate()
+        self.size = 0
+        self.digest = hashlib.sha256()
+        self.media_type = None
+
+    def result(self, status: int) -> Download:
+        self.out.flush()
+        return Download(status, self.size, self.digest.hexdigest(), self.media_type)
+
+    def _too_large(self, where: str) -> ContentTooLarge:
+        return ContentTooLarge(
+            f"{where}: the content is over the limit of {self.max_bytes:,} bytes; raise the "
+            "limit to fetch it",
+            self.max_bytes,
+        )
 
 
 class HttpClient:
@@ -79,8 +154,6 @@ class HttpClient:
             base_url=base_url,
             headers={"User-Agent": USER_AGENT, **(headers or {})},
             timeout=timeout,
-            follow_redirects=True,
-            max_redirects=10,
         )
 
     def close(self) -> None:
@@ -119,6 +192,62 @@ class HttpClient:
         Statuses in ``expect`` are returned as they are, for the caller to read (a 404 that
         means "deleted"); ``follow_redirects=False`` returns a redirect instead of following
         it."""
+        return self._request(
+            method,
+            url,
+            params=params,
+            headers=headers,
+            json=json,
+            data=data,
+            conditional=conditional,
+            expect=expect,
+            follow_redirects=follow_redirects,
+        )
+
+    def download(
+        self,
+        url: str,
+        out: BinaryIO,
+        *,
+        max_bytes: int,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        expect: Collection[int] = (),
+        timeout: float = DOWNLOAD_TIMEOUT,
+    ) -> Download:
+        """GET ``url`` and stream its body into ``out`` (a seekable binary file, written from its
+        current position), block by block, never holding it whole. More than ``max_bytes``
+        bytes (declared or received) raises :class:`ContentTooLarge`. Redirects are followed,
+        credentials only to the origin of ``url``. Retries, rate limits, refresh and the abort
+        signal work as for any request; a retry starts the body again from the same position,
+        and a download that fails leaves ``out`` as it found it. A status in ``expect`` is
+        returned in :class:`Download` with nothing written."""
+        sink = _Sink(out, max_bytes, timeout)
+        try:
+            response = self._request(
+                "GET", url, params=params, headers=headers, expect=expect, sink=sink
+            )
+        except BaseException:
+            sink.discard()
+            raise
+        if response.status_code in expect:
+            sink.discard()
+        return sink.result(response.status_code)
+
+    def _request(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        json: Any = None,
+        data: Mapping[str, Any] | None = None,
+        conditional: bool = False,
+        expect: Collection[int] = (),
+        follow_redirects: bool = True,
+        sink: _Sink | None = None,
+    ) -> httpx.Response:
         refreshed = False
         inline_waits = 0
         cached: CachedResponse | None = None
@@ -132,7 +261,7 @@ class HttpClient:
             self._respect_budget()
             try:
                 response = self._send_with_retries(
-                    method, url, params, headers, json, data, follow_redirects
+                    method, url, params, headers, json, data, follow_redirects, sink
                 )
             except RateLimited as limited:  # the token endpoint asked us to wait
                 if not self._wait_inline(limited, inline_waits):
@@ -263,6 +392,7 @@ class HttpClient:
         json: Any,
         data: Mapping[str, Any] | None,
         follow_redirects: bool,
+        sink: _Sink | None,
     ) -> httpx.Response:
         retrying = Retrying(
             retry=retry_if_exception_type(_Transient),
@@ -275,7 +405,7 @@ class HttpClient:
             for attempt in retrying:
                 with attempt:
                     return self._send_once(
-                        method, url, params, headers, json, data, follow_redirects
+                        method, url, params, headers, json, data, follow_redirects, sink
                     )
         except _Transient as exc:
             raise RetryableError(exc.message) from None
@@ -290,48 +420,84 @@ class HttpClient:
         json: Any,
         data: Mapping[str, Any] | None,
         follow_redirects: bool,
+        sink: _Sink | None,
     ) -> httpx.Response:
         self._context.check_abort()
-        request_headers = dict(headers or {})
+        credentials: dict[str, str] = {}
         if self._auth is not None:
-            self._auth.apply(request_headers)
+            self._auth.apply(credentials)
         request = self._client.build_request(
-            method, url, params=params, headers=request_headers, json=json, data=data
+            method,
+            url,
+            params=params,
+            headers={**(headers or {}), **credentials},
+            json=json,
+            data=data,
         )
         where = f"{method} {_display(request.url)}"
-        deadline = time.monotonic() + self._total_timeout
+        timeout = self._total_timeout if sink is None else sink.timeout
+        deadline = time.monotonic() + timeout
         try:
-            response = self._client.send(request, stream=True, follow_redirects=follow_redirects)
+            response = self._follow(request, follow_redirects, credentials, where)
             try:
-                declared = int(response.headers.get("content-length") or 0)
-                if declared > self._max_body:
-                    raise PermanentError(f"{where}: the body is {declared} bytes, over the limit")
-                body = bytearray()
-                for chunk in response.iter_bytes():
-                    body += chunk
-                    if len(body) > self._max_body:
-                        raise PermanentError(
-                            f"{where}: the body is over the limit of {self._max_body} bytes"
-                        )
-                    if time.monotonic() > deadline:
-                        raise _Transient(
-                            f"{where}: the body took over {self._total_timeout:g} s to arrive"
-                        )
+                if sink is not None and response.is_success:
+                    sink.receive(response, where, deadline, self._context.check_abort)
+                    body = b""
+                else:
+                    body = self._read_body(response, where, deadline)
             finally:
                 response.close()
-        except httpx.TooManyRedirects:
-            raise PermanentError(f"{where}: too many redirects (a redirect loop?)") from None
         except httpx.TimeoutException as exc:
             raise _Transient(f"{where}: timed out ({type(exc).__name__})") from None
         except httpx.TransportError as exc:
             raise _Transient(f"{where}: network error ({type(exc).__name__}: {exc})") from None
+        # Messages name the URL asked for, never where a redirect led (a pre-authenticated
+        # download URL is a credential in itself).
         complete = httpx.Response(
-            response.status_code, headers=response.headers, content=bytes(body), request=request
+            response.status_code, headers=response.headers, content=body, request=request
         )
         verdict = self._classify(complete, refreshed=False)
         if verdict.verdict is Verdict.TRANSIENT:
             raise _Transient(f"{where}: {complete.status_code} {_snippet(complete)}")
         return complete
+
+    def _follow(
+        self,
+        request: httpx.Request,
+        follow_redirects: bool,
+        credentials: Mapping[str, str],
+        where: str,
+    ) -> httpx.Response:
+        """Send ``request`` and follow its redirects (httpx builds each next request: method,
+        body, cookies), dropping the credentials at the first hop to another origin; returns
+        the final response, its body not read."""
+        origin = request.url
+        for _ in range(MAX_REDIRECTS + 1):
+            response = self._client.send(request, stream=True, follow_redirects=False)
+            following = response.next_request
+            if not follow_redirects or following is None:
+                return response
+            response.close()
+            if not credentials_may_follow(origin, following.url):
+                for name in credentials:
+                    following.headers.pop(name, None)
+            request = following
+        raise PermanentError(f"{where}: too many redirects (a redirect loop?)")
+
+    def _read_body(self, response: httpx.Response, where: str, deadline: float) -> bytes:
+        declared = int(response.headers.get("content-length") or 0)
+        if declared > self._max_body:
+            raise PermanentError(f"{where}: the body is {declared} bytes, over the limit")
+        body = bytearray()
+        for chunk in response.iter_bytes():
+            body += chunk
+            if len(body) > self._max_body:
+                raise PermanentError(
+                    f"{where}: the body is over the limit of {self._max_body} bytes"
+                )
+            if time.monotonic() > deadline:
+                raise _Transient(f"{where}: the body took over {self._total_timeout:g} s to arrive")
+        return bytes(body)
 
 
 def _now() -> datetime:

@@ -1,5 +1,6 @@
-"""What a provider's HTTP response means, as pure functions: Retry-After parsing and response
-classification. The HTTP client (``connectors.http``) applies the verdicts."""
+"""What a provider's HTTP response means, as pure functions: Retry-After parsing, response
+classification, and whether credentials may follow a redirect. The HTTP client
+(``connectors.http``) applies the verdicts."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
+
+import httpx
 
 # A Retry-After beyond this is not a wait, it is a bug or an attack: fall back to the backoff.
 MAX_RETRY_AFTER = 24 * 3600.0
@@ -89,3 +92,19 @@ def classify(
     if status == 401:
         return Classification(Verdict.AUTH if refreshed else Verdict.REFRESH)
     return Classification(Verdict.PERMANENT)
+
+
+def _port(url: httpx.URL) -> int | None:
+    return url.port if url.port is not None else {"http": 80, "https": 443}.get(url.scheme)
+
+
+def credentials_may_follow(origin: httpx.URL, target: httpx.URL) -> bool:
+    """Whether a redirect from a request to ``origin`` may carry its credentials to ``target``:
+    only to the same origin (scheme, host and port), or to the same host upgraded from http to
+    https on the default ports, as browsers and httpx allow."""
+    if origin.host != target.host:
+        return False
+    if origin.scheme == target.scheme:
+        return _port(origin) == _port(target)
+    upgrade = (origin.scheme, _port(origin), target.scheme, _port(target))
+    return upgrade == ("http", 80, "https", 443)

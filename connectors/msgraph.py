@@ -16,12 +16,24 @@ Within a run, each next link is the read position: an attempt that ends mid-enum
 rate limit, a crash) is resumed by the next attempt of the same run from the last page it
 wrote, and the engine remembers that the enumeration began with a ``Resync``. A next link is
 never a cursor: a later run starts from the delta link, or from the start.
+
+The table holds files (items with the ``file`` facet; folders, the root and packages are not
+files). A file's version is the content hash Graph computes (``file.hashes``), else its
+``cTag`` (changed by content only; OneDrive for Business leaves it out of delta responses),
+else its ``eTag``. Its scope is its drive and parent folder *by id*: delta responses never
+carry ``parentReference.path``, and renaming a folder does not list its descendants again, so
+a path would go stale while the folder id does not; a file moved to another folder is listed
+again with its new parent. Content comes from ``GET /drives/{drive-id}/items/{item-id}/content``,
+which answers 302 with a pre-authenticated download URL on another host (SharePoint, or
+``*.files.1drv.com``), followed without the access token. An item's
+``@microsoft.graph.downloadUrl`` is never stored: it is such a URL itself, a credential that
+also changes with every listing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, BinaryIO, Self
 from urllib.parse import quote
 
 import httpx
@@ -31,11 +43,18 @@ from connectors.auth import OAuth2
 from connectors.base import Checkpoint, Connector, Deleted, Item, Mode, Position, Resync, Table
 from connectors.context import ConnectorContext
 from connectors.credentials import OAuth2ClientCredentials
-from connectors.errors import PermanentError
+from connectors.errors import FileGone, PermanentError
+from connectors.files import Download, File
 from connectors.http import HttpClient
 from connectors.paging import next_link_pages
 
 GRAPH_SCOPE = "https://graph.microsoft.com/.default"
+
+# Pre-authenticated download URLs (the OneDrive API's older name too): credentials, never stored.
+DOWNLOAD_URL_KEYS = ("@microsoft.graph.downloadUrl", "@content.downloadUrl")
+# The content hashes Graph computes, strongest first (SharePoint and OneDrive for Business give
+# quickXorHash; OneDrive personal gives sha1Hash and sha256Hash as well).
+CONTENT_HASHES = ("sha256Hash", "sha1Hash", "quickXorHash", "crc32Hash")
 
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 
@@ -63,6 +82,21 @@ class GraphDriveConfig(BaseModel):
         return list(dict.fromkeys(listed))
 
 
+def file_version(record: Mapping[str, Any]) -> str | None:
+    """What changes when a drive item's content changes (pure): a content hash Graph computed,
+    else the ``cTag``, else the ``eTag`` (which changes with metadata too)."""
+    facet = record.get("file")
+    hashes = facet.get("hashes") if isinstance(facet, Mapping) else None
+    if isinstance(hashes, Mapping):
+        for name in CONTENT_HASHES:
+            if hashes.get(name):
+                return f"{name}:{hashes[name]}"
+    for tag in ("cTag", "eTag"):
+        if record.get(tag):
+            return str(record[tag])
+    return None
+
+
 class _DeltaGone(Exception):
     """Graph answered 410 Gone: the delta or next link is no longer valid."""
 
@@ -84,7 +118,7 @@ def resync_code(response: httpx.Response) -> str:
 
 class GraphDriveConnector(Connector):
     provider = "msgraph_drive"
-    tables = (Table("drive_items", "id", Mode.INCREMENTAL),)
+    tables = (Table("drive_items", "id", Mode.INCREMENTAL, files=True),)
     config_model = GraphDriveConfig
     credentials_model = OAuth2ClientCredentials
 
@@ -176,7 +210,51 @@ class GraphDriveConnector(Connector):
             if not item.get("id"):
                 raise PermanentError("a deleted drive item has no id")
             return Deleted(str(item["id"]))
+        if isinstance(item, Mapping) and any(key in item for key in DOWNLOAD_URL_KEYS):
+            return {k: v for k, v in item.items() if k not in DOWNLOAD_URL_KEYS}
         return item
+
+    @classmethod
+    def describe_file(cls, table: Table, record: Mapping[str, Any]) -> File | None:
+        facet = record.get("file")
+        if not isinstance(facet, Mapping):
+            return None  # a folder, the root, a package (a OneNote notebook)
+        item = record.get("id")
+        parent = record.get("parentReference")
+        drive = parent.get("driveId") if isinstance(parent, Mapping) else None
+        if not record.get("name") or not drive:
+            raise PermanentError(f"drive item {item} has a file facet but no name or driveId")
+        folder = parent.get("id") if isinstance(parent, Mapping) else None
+        size = record.get("size")
+        return File(
+            name=str(record["name"]),
+            scope=f"drive:{drive}/folder:{folder}" if folder else f"drive:{drive}",
+            media_type=str(facet["mimeType"]) if facet.get("mimeType") else None,
+            size=size if isinstance(size, int) and size >= 0 else None,
+            version=file_version(record),
+        )
+
+    def download(
+        self, table: Table, record: Mapping[str, Any], out: BinaryIO, *, max_bytes: int
+    ) -> Download:
+        described = self.describe_file(table, record)
+        if described is None:
+            raise PermanentError(f"drive item {record.get('id')} is not a file")
+        drive = record["parentReference"]["driveId"]
+        item = str(record.get("id") or "")
+        url = f"/drives/{quote(drive, safe='!')}/items/{quote(item, safe='!')}/content"
+        gone = FileGone(
+            f"{described.name} (drive item {item}) is no longer in the drive; the next sync "
+            "tombstones it"
+        )
+        try:
+            # 302 to a pre-authenticated URL on another host: followed without the token.
+            result = self._http.download(url, out, max_bytes=max_bytes, expect=(404,))
+        except _DeltaGone:
+            raise gone from None
+        if result.status == 404:
+            raise gone
+        return result
 
     def _same_host(self, location: str | None) -> str | None:
         """The 410's Location, if it points at the Graph host we call: the access token goes

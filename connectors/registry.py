@@ -43,12 +43,31 @@ def _add(cls: type[Connector], source: str) -> None:
     provider = getattr(cls, "provider", None)
     if not isinstance(provider, str) or not provider:
         raise TypeError(f"{source} must set a non-empty `provider` class attribute")
+    _check_files(cls, source)
     existing = _registered.get(provider)
     if existing is not None and existing[0] is not cls:
         raise DuplicateProvider(
             f"provider {provider!r} is registered twice: by {existing[1]} and by {source}"
         )
     _registered[provider] = (cls, source)
+
+
+def _check_files(cls: type[Connector], source: str) -> None:
+    """A connector whose tables hold files must say how to describe and fetch them: refused
+    when it is registered, not when a file is first indexed."""
+    tables = [t.name for t in cls.tables if t.files]
+    if not tables:
+        return
+    missing = [
+        name
+        for name in ("describe_file", "download")
+        if next(k for k in cls.__mro__ if name in vars(k)) is Connector
+    ]
+    if missing:
+        raise TypeError(
+            f"{source} declares files in table {tables[0]!r} but does not implement "
+            f"{' and '.join(f'{m}()' for m in missing)}"
+        )
 
 
 def _load_entry_points() -> None:

@@ -1,13 +1,19 @@
 """A simulated SaaS provider shipped with connector-sync, for the demo, the tests and anyone
-trying the engine without an account anywhere: a local HTTP server (``server``) with two APIs,
-a project tracker and a CRM, and a connector for each (``connector``): providers ``simulated``
-and ``simulated_crm``. See docs/simulated-provider.md."""
+trying the engine without an account anywhere: a local HTTP server (``server``) with three APIs,
+a project tracker, a CRM and a document store, and a connector for each (``connector``):
+providers ``simulated``, ``simulated_crm`` and ``simulated_docs``. See
+docs/simulated-provider.md."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from connectors.simulated.connector import SimulatedConfig, SimulatedCrm, SimulatedTracker
+from connectors.simulated.connector import (
+    SimulatedConfig,
+    SimulatedCrm,
+    SimulatedDocs,
+    SimulatedTracker,
+)
 
 if TYPE_CHECKING:
     from connectors.simulated.server import Simulation, Tenant, start_server
@@ -15,6 +21,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SimulatedConfig",
     "SimulatedCrm",
+    "SimulatedDocs",
     "SimulatedTracker",
     "Simulation",
     "Tenant",

@@ -8,6 +8,10 @@
   offset (so it shifts too, and is confirmed the same way); ``deals`` is ``incremental``: the
   cursor is the provider's generation, and the change feed reports deletions explicitly; read
   from the start (no cursor yet) it is the whole table.
+- ``simulated_docs``: its document store. ``files`` is ``full``, paged like the tracker, and
+  holds files: each is scoped to its project and versioned by the SHA-256 of its content, and
+  its content is downloaded from ``files/ID/content`` (a 302 to a download URL on another
+  origin, followed without the token).
 
 Every listing is resumable: the next link or cursor is the position a later attempt of the run
 resumes from, and the tracker's ``X-Total-Count`` is the table's total.
@@ -19,7 +23,8 @@ Config: ``{"base_url": "http://127.0.0.1:8765", "tenant": "acme"}``; credentials
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping
-from typing import Any
+from typing import Any, BinaryIO
+from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -37,7 +42,8 @@ from connectors.base import (
 )
 from connectors.context import ConnectorContext
 from connectors.credentials import TokenCredentials
-from connectors.errors import PermanentError
+from connectors.errors import FileGone, PermanentError
+from connectors.files import Download, File
 from connectors.http import HttpClient
 from connectors.paging import cursor_pages, link_header_pages, next_link
 
@@ -96,12 +102,8 @@ class _Simulated(Connector):
         return gone
 
 
-class SimulatedTracker(_Simulated):
-    """The tracker API: ``projects`` and ``issues``, both read in full every sync."""
-
-    provider = "simulated"
-    api = "tracker"
-    tables = (Table("projects", shifting=True), Table("issues", shifting=True))
+class _LinkPaged(_Simulated):
+    """An API whose listings page by a ``Link`` header and count in ``X-Total-Count``."""
 
     def read(self, table: Table) -> Iterator[Item | list[Any]]:
         resumed = self.context.position(table.name)
@@ -121,6 +123,48 @@ class SimulatedTracker(_Simulated):
             following = next_link(response)
             if following is not None:
                 yield Position({"next": following})
+
+
+class SimulatedTracker(_LinkPaged):
+    """The tracker API: ``projects`` and ``issues``, both read in full every sync."""
+
+    provider = "simulated"
+    api = "tracker"
+    tables = (Table("projects", shifting=True), Table("issues", shifting=True))
+
+
+class SimulatedDocs(_LinkPaged):
+    """The document store: ``files``, read in full every sync, each row a file."""
+
+    provider = "simulated_docs"
+    api = "docs"
+    tables = (Table("files", shifting=True, files=True),)
+
+    @classmethod
+    def describe_file(cls, table: Table, record: Mapping[str, Any]) -> File | None:
+        if not record.get("name") or record.get("project_id") is None:
+            raise PermanentError(f"file {record.get('id')} has no name or no project")
+        return File(
+            name=str(record["name"]),
+            scope=f"project:{record['project_id']}",
+            media_type=record.get("media_type"),
+            size=record.get("size"),
+            version=f"sha256:{record['sha256']}" if record.get("sha256") else None,
+        )
+
+    def download(
+        self, table: Table, record: Mapping[str, Any], out: BinaryIO, *, max_bytes: int
+    ) -> Download:
+        # The path is built from the file's id, never a URL found in the record: the token goes
+        # only to the provider's own origin.
+        path = f"files/{quote(str(record.get('id') or ''), safe='')}/content"
+        result = self.http.download(path, out, max_bytes=max_bytes, expect=(404,))
+        if result.status == 404:
+            raise FileGone(
+                f"{record.get('name')} (file {record.get('id')}) was deleted; the next sync "
+                "tombstones it"
+            )
+        return result
 
 
 class SimulatedCrm(_Simulated):

@@ -4,7 +4,7 @@ with 401, and its data changes between syncs: each call to :meth:`Tenant.advance
 ``POST /_control/tenants/NAME/advance``) moves a tenant to its next *generation*, adding, updating
 and deleting a seeded, reproducible set of rows.
 
-Each tenant (one customer account) has two APIs:
+Each tenant (one customer account) has three APIs:
 
 - a project tracker (provider ``simulated``): ``/tracker/TENANT/projects`` and ``.../issues``,
   paged by ``page``/``per_page`` with an RFC 8288 ``Link: <...>; rel="next"`` header and the
@@ -12,7 +12,11 @@ Each tenant (one customer account) has two APIs:
 - a CRM (provider ``simulated_crm``): ``/crm/TENANT/contacts``, paged by an opaque ``cursor``
   returned as ``next_cursor`` in the body (one contact by id at ``.../contacts/ID``), and
   ``/crm/TENANT/deals/changes?since=GENERATION``, an incremental feed of changed rows and
-  deletions.
+  deletions;
+- a document store (provider ``simulated_docs``): ``/docs/TENANT/files``, paged like the
+  tracker, each file in a project; ``.../files/ID/content`` answers 302 to a pre-authenticated
+  download URL served on a second port (another origin, which refuses an ``Authorization``
+  header, as presigned-URL stores do), or the content itself when redirects are turned off.
 
 Start it in-process with :func:`start_server` (tests, the demo) or from a shell with
 ``python -m connectors.simulated.server``. The full API is in docs/simulated-provider.md.
@@ -22,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import hashlib
+import hmac
 import json
 import random
 import sys
@@ -34,8 +40,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+from connectors.simulated.documents import Document, generate, kind_of
+
 TRACKER_TABLES = ("projects", "issues")
 CRM_TABLES = ("contacts", "deals")
+DOCS_TABLES = ("files",)
 MAX_PAGE_SIZE = 500
 FAULTS = ("ok", "429", "503", "401")
 
@@ -85,6 +94,7 @@ class Stats:
     unavailable: int = 0
     unauthorized: int = 0
     not_found: int = 0
+    downloads: int = 0  # content served, directly or from a download URL
 
     def describe(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -123,18 +133,22 @@ class Tenant:
         self.size = size
         self.seed = seed
         self.page_delay = page_delay
+        self.content_redirect = True  # /content answers 302 to a download URL
         self.generation = 0
         self.faults = Faults()
         self.stats = Stats()
         self.log: list[str] = []  # every data request's path and query, in order
         self._hooks: dict[str, Callable[[int, int], None]] = {}
         self._lock = lock
-        self._tables: dict[str, _Table] = {t: _Table() for t in (*TRACKER_TABLES, *CRM_TABLES)}
+        self._tables: dict[str, _Table] = {
+            t: _Table() for t in (*TRACKER_TABLES, *CRM_TABLES, *DOCS_TABLES)
+        }
         counts = {
             "projects": max(2, size // 10),
             "issues": size,
             "contacts": size,
             "deals": max(2, size // 2),
+            "files": max(5, size // 10),  # at least one of each kind, a ZIP among them
         }
         for table, count in counts.items():
             rng = self._rng(table)
@@ -145,8 +159,9 @@ class Tenant:
 
     def advance(self) -> dict[str, dict[str, list[int]]]:
         """Move to the next generation: in every table about a tenth of the rows (at least one
-        each) is deleted, as many are updated and as many added. Returns the ids touched, by
-        table and change. The same seed always makes the same changes."""
+        each) is deleted, as many are updated and as many added; in ``files``, as many again
+        move to another project (``moved``), their content unchanged. Returns the ids touched,
+        by table and change. The same seed always makes the same changes."""
         with self._lock:
             self.generation += 1
             summary: dict[str, dict[str, list[int]]] = {}
@@ -164,9 +179,45 @@ class Tenant:
                 for i in touched:
                     self._update(table, data.rows[i], rng)
                     data.changed_in[i] = self.generation
+                moved = self._move_files(data, set(touched), n, rng) if table == "files" else None
                 added = [self._insert(table, rng) for _ in range(n)]
                 summary[table] = {"added": added, "updated": touched, "deleted": doomed}
+                if moved is not None:
+                    summary[table]["moved"] = moved
             return summary
+
+    def _move_files(self, data: _Table, touched: set[int], n: int, rng: random.Random) -> list[int]:
+        """Move up to ``n`` files not otherwise changed to another live project."""
+        projects = sorted(self._tables["projects"].rows)
+        candidates = [i for i in sorted(data.rows) if i not in touched]
+        moved = []
+        for i in sorted(rng.sample(candidates, min(n, len(candidates)))):
+            row = data.rows[i]
+            others = [p for p in projects if p != row["project_id"]]
+            if others:
+                row["project_id"] = rng.choice(others)
+                data.changed_in[i] = self.generation
+                moved.append(i)
+        return moved
+
+    def content(self, file_id: int) -> Document | None:
+        """A live file's current content, or None once it is deleted."""
+        with self._lock:
+            row = self._tables["files"].rows.get(file_id)
+            if row is None:
+                return None
+            return generate(file_id, row["version"], self._content_seed)
+
+    def download_path(self, file_id: int) -> str:
+        """The pre-authenticated path of a file's content on the download server: the
+        signature, made with the tenant's token, is the credential."""
+        signed = f"{self.name}:{file_id}".encode()
+        signature = hmac.new(self.token.encode(), signed, hashlib.sha256).hexdigest()[:32]
+        return f"/_downloads/{self.name}/{file_id}/{signature}"
+
+    @property
+    def _content_seed(self) -> str:
+        return f"{self.seed}:{self.name}"
 
     def reset_window(self) -> None:
         """The rate window ends: the budget is whole again."""
@@ -200,10 +251,13 @@ class Tenant:
         page_delay: float | None = None,
         budget: int | None = None,
         window: float | None = None,
+        content_redirect: bool | None = None,
     ) -> None:
         """Set the periodic faults and the rate window's budget (None: none), and optionally
-        the Retry-After, the window's length and the delay."""
+        the Retry-After, the window's length, the delay and whether ``/content`` redirects."""
         with self._lock:
+            if content_redirect is not None:
+                self.content_redirect = content_redirect
             self.faults.rate_limit_every = rate_limit_every
             self.faults.unavailable_every = unavailable_every
             self.faults.budget = budget
@@ -233,6 +287,7 @@ class Tenant:
                 "size": self.size,
                 "seed": self.seed,
                 "page_delay": self.page_delay,
+                "content_redirect": self.content_redirect,
                 "rows": {t: len(d.rows) for t, d in self._tables.items()},
                 "faults": self.faults.describe(),
                 "stats": self.stats.describe(),
@@ -332,6 +387,13 @@ class Tenant:
                 "name": f"{person.title()} {row_id}",
                 "email": f"{person}{row_id}@{self.name}.example",
             }
+        elif table == "files":
+            projects = sorted(self._tables["projects"].rows) or [1]
+            row["project_id"] = rng.choice(projects)
+            self._describe_content(row, 1)
+            data.rows[row_id] = row
+            data.changed_in[row_id] = self.generation
+            return row_id
         else:
             contacts = sorted(self._tables["contacts"].rows) or [1]
             row |= {
@@ -352,9 +414,22 @@ class Tenant:
             row["state"] = rng.choice(_STATES)
         elif table == "contacts":
             row["name"] = f"{rng.choice(_PEOPLE).title()} {row['id']}"
+        elif table == "files":
+            self._describe_content(row, row["version"])  # new content: size and hash change
         else:
             row["stage"] = rng.choice(_STAGES)
             row["amount"] = rng.randrange(1_000, 100_000, 100)
+
+    def _describe_content(self, row: dict[str, Any], version: int) -> None:
+        document = generate(row["id"], version, self._content_seed)
+        row |= {
+            "name": document.name,
+            "kind": kind_of(row["id"]),
+            "media_type": document.media_type,
+            "size": len(document.content),
+            "sha256": hashlib.sha256(document.content).hexdigest(),
+            "version": version,
+        }
 
 
 class Simulation:
@@ -461,6 +536,7 @@ def _format_seconds(seconds: float) -> str:
 class _Handler(BaseHTTPRequestHandler):
     server_version = "simulated-provider/1"
     simulation: Simulation  # set on the subclass made per server
+    downloads_port: int  # the download server's port, set likewise
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: the demo and the tests read the tenants' stats instead."""
@@ -484,7 +560,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if segments[:1] == ["_control"]:
                 status, body, headers = self._control(method, segments[1:])
-            elif method == "GET" and segments[:1] in (["tracker"], ["crm"]):
+            elif method == "GET" and segments[:1] in (["tracker"], ["crm"], ["docs"]):
                 status, body, headers = self._data(segments, query)
             else:
                 raise _HTTPError(404, f"no such endpoint: {method} {parts.path}")
@@ -493,9 +569,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, body, headers)
 
     def _send(self, status: int, body: Any, headers: Mapping[str, str]) -> None:
-        payload = json.dumps(body).encode()
+        """Send ``body`` as JSON, or as it is when it is bytes (its headers say what it is)."""
+        payload = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        if not isinstance(body, bytes):
+            self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         for name, value in headers.items():
             self.send_header(name, value)
@@ -516,9 +594,14 @@ class _Handler(BaseHTTPRequestHandler):
                 tenant.stats.unauthorized += 1
             raise _HTTPError(401, "missing or wrong bearer token")
         route = "/".join(rest)
-        known = TRACKER_TABLES if api == "tracker" else ("contacts", "deals/changes")
-        item = len(rest) == 2 and rest[0] in (TRACKER_TABLES if api == "tracker" else ("contacts",))
-        if route not in known and not item:
+        known, by_id = {
+            "tracker": (TRACKER_TABLES, TRACKER_TABLES),
+            "crm": (("contacts", "deals/changes"), ("contacts",)),
+            "docs": (DOCS_TABLES, DOCS_TABLES),
+        }[api]
+        item = len(rest) == 2 and rest[0] in by_id
+        content = api == "docs" and len(rest) == 3 and rest[0] == "files" and rest[2] == "content"
+        if route not in known and not item and not content:
             with tenant._lock:
                 tenant.stats.not_found += 1
             raise _HTTPError(404, f"no such endpoint: /{api}/{tenant_name}/{route}")
@@ -543,6 +626,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HTTPError(401, "the token was revoked")
         if tenant.page_delay:
             time.sleep(tenant.page_delay)
+        if content:
+            return self._content(tenant, rest[1])
         if item:
             try:
                 row_id = int(rest[1])
@@ -554,8 +639,8 @@ class _Handler(BaseHTTPRequestHandler):
                     tenant.stats.not_found += 1
                 raise _HTTPError(404, f"no {rest[0]} {row_id}: it does not exist or was deleted")
             return 200, found, {}
-        if api == "tracker":
-            return self._tracker_page(tenant, route, query)
+        if api in ("tracker", "docs"):
+            return self._linked_page(tenant, api, route, query)
         cursor = query.get("cursor")
         if route == "contacts":
             size = _page_size(query, "limit")
@@ -570,8 +655,26 @@ class _Handler(BaseHTTPRequestHandler):
         next_cursor = _encode_cursor("f", rows[-1]["id"], generation) if more else None
         return 200, {"data": rows, "next_cursor": next_cursor, "generation": generation}, {}
 
-    def _tracker_page(
-        self, tenant: Tenant, table: str, query: dict[str, list[str]]
+    def _content(self, tenant: Tenant, raw_id: str) -> tuple[int, Any, dict[str, str]]:
+        """A file's content, or (when the tenant redirects) a 302 to its download URL on the
+        download server, which is another origin: a client must not send it the token."""
+        file_id = int(raw_id) if raw_id.isdigit() else 0
+        document = tenant.content(file_id)
+        if document is None:
+            with tenant._lock:
+                tenant.stats.not_found += 1
+            raise _HTTPError(404, f"no file {raw_id!r}: it does not exist or was deleted")
+        if tenant.content_redirect:
+            host = urlsplit(f"//{self.headers.get('Host') or '127.0.0.1'}").hostname or "127.0.0.1"
+            host = f"[{host}]" if ":" in host else host
+            location = f"http://{host}:{self.downloads_port}{tenant.download_path(file_id)}"
+            return 302, b"", {"Location": location}
+        with tenant._lock:
+            tenant.stats.downloads += 1
+        return 200, document.content, _content_headers(document)
+
+    def _linked_page(
+        self, tenant: Tenant, api: str, table: str, query: dict[str, list[str]]
     ) -> tuple[int, Any, dict[str, str]]:
         size = _page_size(query, "per_page")
         page = _int_param(query, "page", 1)
@@ -583,7 +686,7 @@ class _Handler(BaseHTTPRequestHandler):
         if more:
             host = self.headers.get("Host") or "127.0.0.1"
             params = urlencode({"page": page + 1, "per_page": size})
-            headers["Link"] = f'<http://{host}/tracker/{tenant.name}/{table}?{params}>; rel="next"'
+            headers["Link"] = f'<http://{host}/{api}/{tenant.name}/{table}?{params}>; rel="next"'
         return 200, rows, headers
 
     # -- control ---------------------------------------------------------------------------
@@ -625,6 +728,7 @@ class _Handler(BaseHTTPRequestHandler):
                     unavailable_every=body.get("unavailable_every"),
                     retry_after=body.get("retry_after"),
                     page_delay=body.get("page_delay"),
+                    content_redirect=body.get("content_redirect"),
                 )
             except (TypeError, ValueError) as exc:
                 raise _HTTPError(400, str(exc)) from None
@@ -643,6 +747,50 @@ class _Handler(BaseHTTPRequestHandler):
         return body
 
 
+def _content_headers(document: Document) -> dict[str, str]:
+    textual = document.media_type.startswith("text/")
+    return {
+        "Content-Type": document.media_type + ("; charset=utf-8" if textual else ""),
+        "Content-Disposition": f'attachment; filename="{document.name}"',
+    }
+
+
+class _DownloadHandler(_Handler):
+    """The download server: ``GET /_downloads/TENANT/ID/SIGNATURE`` serves a file's current
+    content to anyone holding the signed path, and refuses a request that also carries an
+    ``Authorization`` header, as presigned-URL stores do (one credential per request)."""
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            status, body, headers = self._download(method, urlsplit(self.path).path)
+        except _HTTPError as exc:
+            status, body, headers = exc.status, {"error": exc.message}, exc.headers
+        self._send(status, body, headers)
+
+    def _download(self, method: str, path: str) -> tuple[int, Any, dict[str, str]]:
+        segments = [s for s in path.split("/") if s]
+        if method != "GET" or len(segments) != 4 or segments[0] != "_downloads":
+            raise _HTTPError(404, f"no such download: {method} {path}")
+        tenant = self.simulation.get(segments[1])
+        file_id = int(segments[2]) if segments[2].isdigit() else 0
+        if tenant is None or not hmac.compare_digest(path, tenant.download_path(file_id)):
+            raise _HTTPError(403, "the download URL is not valid")
+        if self.headers.get("Authorization") is not None:
+            with tenant._lock:
+                tenant.stats.unauthorized += 1
+            raise _HTTPError(
+                400,
+                "only one auth mechanism is allowed: this URL is pre-authenticated, so send no "
+                "Authorization header",
+            )
+        document = tenant.content(file_id)
+        if document is None:
+            raise _HTTPError(404, f"file {file_id} was deleted")
+        with tenant._lock:
+            tenant.stats.downloads += 1
+        return 200, document.content, _content_headers(document)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -656,19 +804,36 @@ class _Server(ThreadingHTTPServer):
 
 
 def start_server(
-    simulation: Simulation | None = None, *, host: str = "127.0.0.1", port: int = 0
+    simulation: Simulation | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    downloads_port: int = 0,
 ) -> tuple[str, Callable[[], None]]:
     """Serve ``simulation`` (by default :func:`default_simulation`) on ``host``, on a free port
-    unless one is given, from a background thread. Returns the base URL and a function that
-    stops the server."""
+    unless one is given, from a background thread, and its download server on another free
+    port (``downloads_port``, unless given). Returns the base URL and a function that stops
+    both servers."""
     simulation = simulation or default_simulation()
-    handler = type("Handler", (_Handler,), {"simulation": simulation})
-    server = _Server((host, port), handler)
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+    download_handler = type("DownloadHandler", (_DownloadHandler,), {"simulation": simulation})
+    downloads = _Server((host, downloads_port), download_handler)
+    handler = type(
+        "Handler",
+        (_Handler,),
+        {"simulation": simulation, "downloads_port": int(downloads.server_address[1])},
     )
-    thread.name = "simulated-provider"
-    thread.start()
+    try:
+        server = _Server((host, port), handler)
+    except BaseException:
+        downloads.server_close()
+        raise
+    threads = []
+    for name, serving in (("simulated-provider", server), ("simulated-downloads", downloads)):
+        thread = threading.Thread(
+            target=serving.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True, name=name
+        )
+        thread.start()
+        threads.append(thread)
     bound_host, bound_port = str(server.server_address[0]), int(server.server_address[1])
     stopped = threading.Event()
 
@@ -676,9 +841,10 @@ def start_server(
         if stopped.is_set():
             return
         stopped.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+        for serving, thread in zip((server, downloads), threads, strict=True):
+            serving.shutdown()
+            serving.server_close()
+            thread.join(timeout=5)
 
     return f"http://{bound_host}:{bound_port}", stop
 
@@ -690,6 +856,9 @@ def _main(argv: Iterable[str] | None = None) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765, help="0 picks a free port")
+    parser.add_argument(
+        "--downloads-port", type=int, default=8766, help="the download server's (0: a free one)"
+    )
     parser.add_argument(
         "--tenant",
         action="append",
@@ -706,8 +875,10 @@ def _main(argv: Iterable[str] | None = None) -> None:
             simulation.add_tenant(name, size=args.size, seed=args.seed, page_delay=args.page_delay)
     else:
         simulation = default_simulation()
-    url, stop = start_server(simulation, host=args.host, port=args.port)
-    print(f"simulated provider at {url}")
+    url, stop = start_server(
+        simulation, host=args.host, port=args.port, downloads_port=args.downloads_port
+    )
+    print(f"simulated provider at {url} (downloads on port {args.downloads_port or 'any'})")
     for tenant in simulation.tenants():
         print(f"  tenant {tenant.name}: bearer token {tenant.token!r}")
     print("control API: GET /_control/tenants; stop with Ctrl-C")
