@@ -31,7 +31,6 @@ from sync.migrations import Migration, check_schema, grant, migrate
 from sync.models import Attempt, Connection, Record, Run, WorkerInfo, Workspace
 from sync.names import check_name, check_workspace_name, workspace_ref
 from sync.overview import (
-    STALE_HEARTBEATS,
     ConnectionOverview,
     MetricsSnapshot,
     WorkerState,
@@ -526,8 +525,8 @@ class Engine:
 
     def worker_states(self) -> list[tuple[WorkerInfo, WorkerState]]:
         """Every worker known to the database, with whether it is alive, stale or stopped."""
-        interval = self.settings.heartbeat_interval
-        return [(w, worker_state(w, interval)) for w in self.workers()]
+        stale_after = self.settings.stale_after
+        return [(w, worker_state(w, stale_after)) for w in self.workers()]
 
     def metrics_snapshot(
         self, *, window_seconds: float = 3600.0, timeout: float = 5.0
@@ -539,7 +538,7 @@ class Engine:
             raise InvalidInput("a workspace-scoped engine cannot read fleet-wide metrics")
         params = {
             "window_seconds": window_seconds,
-            "stale_after_seconds": STALE_HEARTBEATS * self.settings.heartbeat_interval,
+            "stale_after_seconds": self.settings.stale_after,
         }
         with self.pool.connection() as conn, conn.transaction():
             conn.execute(QUERIES.metrics_statement_timeout, {"timeout": f"{int(timeout * 1000)}"})

@@ -311,6 +311,13 @@ def test_what_sync_wait_and_runs_show_say_of_a_waiting_or_running_run(
     )
 
 
+# As if the sweep interval had passed since a worker last swept (see maintenance_runs).
+SWEEP_DUE = (
+    "UPDATE maintenance_runs SET last_run_at = now() - interval '1 day' "
+    "WHERE task = 'sweep_seen_keys'"
+)
+
+
 def test_seen_keys_outlive_an_attempt_but_not_the_run(engine: Engine, admin: Any) -> None:
     key, data = new_dataset(items=items(*range(1, 11)))
     ws = engine.create_workspace("acme")
@@ -326,8 +333,10 @@ def test_seen_keys_outlive_an_attempt_but_not_the_run(engine: Engine, admin: Any
     assert engine.run(run.id).status == "queued"
     count = "SELECT count(*) AS n FROM run_seen_keys WHERE run_id = %s"
     assert admin.execute(count, (run.id,)).fetchone()["n"] == 5
-    # Another worker's sweep keeps the keys of a run that waits in the queue...
-    engine.worker(listen=False).poll()
+    # Another worker's sweep (its turn comes: the sweep interval has passed) keeps the keys of a
+    # run that waits in the queue...
+    admin.execute(SWEEP_DUE)
+    assert engine.worker(listen=False).sweeper.run_once() == {"seen_keys": 0}
     assert admin.execute(count, (run.id,)).fetchone()["n"] == 5
     # ...and collects those a finished run left behind.
     admin.execute("INSERT INTO run_seen_keys VALUES (%s, 'items', 'x')", (run.id - 1,))
@@ -335,6 +344,8 @@ def test_seen_keys_outlive_an_attempt_but_not_the_run(engine: Engine, admin: Any
     worker = engine.worker(listen=False)
     assert worker.poll()
     assert engine.run(run.id).status == "succeeded"
+    admin.execute(SWEEP_DUE)
+    assert worker.sweeper.run_once() == {"seen_keys": 1}
     assert admin.execute("SELECT count(*) AS n FROM run_seen_keys").fetchone()["n"] == 0
     assert tombstoned(admin, conn.id) == set()
 
