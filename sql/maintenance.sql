@@ -128,9 +128,9 @@ WITH doomed AS (
                         WHERE r.id = k.run_id AND r.status IN ('queued', 'running'))
      LIMIT %(limit)s
 ), gone AS (
+    -- By tuple id (a Tid Scan): the batch costs its own rows, not a scan of the table.
     DELETE FROM run_seen_keys k
-     USING doomed d
-     WHERE %(delete)s AND k.ctid = d.row
+     WHERE %(delete)s AND k.ctid = ANY (ARRAY(SELECT row FROM doomed))
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM doomed) AS found, (SELECT count(*) FROM gone) AS deleted;
@@ -141,15 +141,15 @@ SELECT (SELECT count(*) FROM doomed) AS found, (SELECT count(*) FROM gone) AS de
 -- deleted_at on the row, so a record a running sync saw again meanwhile (deleted_at cleared)
 -- stays. A record that comes back upstream after its tombstone was deleted is written anew.
 WITH doomed AS (
-    SELECT connection_id, table_name, external_id FROM records
+    SELECT ctid AS row FROM records
      WHERE deleted_at < now() - %(older_than)s::interval
      ORDER BY deleted_at
      LIMIT %(limit)s
 ), gone AS (
+    -- By tuple id (a Tid Scan): the batch costs its own rows, however many tombstones there
+    -- are. A row updated meanwhile has a new tuple id and is not deleted.
     DELETE FROM records r
-     USING doomed d
-     WHERE %(delete)s AND r.connection_id = d.connection_id AND r.table_name = d.table_name
-       AND r.external_id = d.external_id
+     WHERE %(delete)s AND r.ctid = ANY (ARRAY(SELECT row FROM doomed))
        AND r.deleted_at < now() - %(older_than)s::interval
     RETURNING 1
 )

@@ -38,6 +38,7 @@ from sync.overview import (
 )
 from sync.queries import QUERIES
 from sync.secrets import SecretBox
+from sync.services.cleaner import PruneReport, RetentionRules, prune
 from sync.settings import Settings
 from sync.worker import Worker
 
@@ -545,6 +546,18 @@ class Engine:
             row = conn.execute(QUERIES.metrics_snapshot, params).fetchone()
         assert row is not None
         return MetricsSnapshot.from_row(row, window_seconds)
+
+    # -- retention -------------------------------------------------------------------------
+
+    def prune(self, *, dry_run: bool = False) -> PruneReport:
+        """Delete what retention says is no longer needed (old finished runs beyond the newest
+        of each connection, their attempts, long-stopped workers, ended rate budgets, seen keys
+        of ended runs, and old tombstones when ``tombstone_days`` is set), now, in bounded
+        batches, as a worker's cleaner does once per ``clean_interval``. ``dry_run`` deletes
+        nothing and counts what would go. Not available to a workspace-scoped engine."""
+        if self._workspace_id is not None:
+            raise InvalidInput("a workspace-scoped engine cannot prune the fleet's history")
+        return prune(self.pool, RetentionRules.from_settings(self.settings), dry_run=dry_run)
 
 
 def describe_database(settings: Settings, database_url: str | None = None) -> str:
