@@ -41,7 +41,14 @@ from sync.migrations import check_schema
 from sync.queries import QUERIES
 from sync.retry_policy import AbortReason
 from sync.secrets import SecretBox
-from sync.services import Cleaner, Heartbeat, ScheduleEnqueuer, SeenKeySweeper, Service
+from sync.services import (
+    Cleaner,
+    Heartbeat,
+    ScheduleEnqueuer,
+    SeenKeySweeper,
+    Service,
+    TestSignal,
+)
 from sync.settings import Settings
 
 log = logging.getLogger("sync.worker")
@@ -75,6 +82,7 @@ class Listener:
         self._conn: psycopg.Connection[Any] | None = None
         self.connected = threading.Event()
         self.failures = 0
+        self.lost = TestSignal()  # emitted each time the connection is lost
 
     def start(self) -> None:
         if self.alive:
@@ -121,6 +129,7 @@ class Listener:
                 if self._stopping.is_set():
                     return
                 self.failures += 1
+                self.lost.emit()
                 log.warning(
                     "LISTEN connection lost (%s); reconnecting in %.1f s", first_line(exc), delay
                 )

@@ -141,10 +141,9 @@ def history(engine: Engine, admin: Any) -> dict[str, Any]:
     )
     admin.execute(
         "INSERT INTO records (connection_id, table_name, external_id, data, content_hash, "
-        "written_by, deleted_at) VALUES "
-        "(1, 'items', 'gone-100-days', '{}', '\\x00', gen_random_uuid(), now() - interval '100 days'),"
-        "(1, 'items', 'gone-1-day', '{}', '\\x00', gen_random_uuid(), now() - interval '1 day'),"
-        "(1, 'items', 'live', '{}', '\\x00', gen_random_uuid(), NULL)"
+        "written_by, deleted_at) SELECT 1, 'items', id, '{}', '\\x00', gen_random_uuid(), "
+        "now() - age FROM (VALUES ('gone-100-days', interval '100 days'), "
+        "('gone-1-day', interval '1 day'), ('live', NULL)) AS r(id, age)"
     )
     return h
 
@@ -231,7 +230,9 @@ def test_a_pass_deletes_in_bounded_batches_and_walks_each_run_once(
 
 def test_keeping_no_runs_deletes_every_old_one(schema: str, engine: Engine, admin: Any) -> None:
     admin.execute("INSERT INTO workspaces (name) VALUES ('acme')")
-    admin.execute("INSERT INTO connections (workspace_id, name, provider) VALUES (1, 'c', 'memory')")
+    admin.execute(
+        "INSERT INTO connections (workspace_id, name, provider) VALUES (1, 'c', 'memory')"
+    )
     add_runs(admin, 1, 5, age="40 days")
     recent = add_runs(admin, 1, 2, age="1 day")
     with Engine(make_settings(schema, history_keep_runs=0, history_days=7)) as engine_7_days:
