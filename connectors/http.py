@@ -445,9 +445,7 @@ class HttpClient:
             response = self._follow(request, follow_redirects, credentials, where)
             try:
                 if sink is not None and response.is_success:
-                    sink.receive(
-                        response, where, deadline, self._context.check_abort, self._clock
-                    )
+                    sink.receive(response, where, deadline, self._context.check_abort, self._clock)
                     body = b""
                 else:
                     body = self._read_body(response, where, deadline)

@@ -104,7 +104,7 @@ def test_a_table_larger_than_one_rate_window_finishes_in_one_run(
 def test_a_worker_killed_mid_table_is_resumed_where_it_stopped(
     schema: str, server: str, simulation: Simulation
 ) -> None:
-    big = simulation.add_tenant("big", size=300, seed=5, page_delay=0.02)
+    big = simulation.add_tenant("big", size=300, seed=5)
     settings = make_settings(schema, lease_seconds=30.0, batch_size=10)
     with Engine(settings) as engine:
         engine.migrate()
@@ -114,16 +114,25 @@ def test_a_worker_killed_mid_table_is_resumed_where_it_stopped(
             assert run_sync(engine, conn_id).status == "succeeded"
         big.advance()
 
-        # The worker process is killed while it asks for page 12 of the issues.
-        reached = threading.Event()
-        big.on_change("issues", lambda page, size: page == 12 and reached.set())
+        # The worker process is killed while it asks for page 12 of the issues: the provider
+        # holds that request until the worker is dead.
+        reached, killed = threading.Event(), threading.Event()
+
+        def at_page_12(page: int, size: int) -> None:
+            if page == 12:
+                reached.set()
+                assert killed.wait(60), "the test never killed the worker"
+
+        big.on_change("issues", at_page_12)
         big.log.clear()
         run = engine.sync(killed_id)
         worker = spawn_worker(schema, "--batch-size", "10", "--lease-seconds", "30")
         try:
             assert reached.wait(60), "the worker never reached page 12"
             os.kill(worker.pid, signal.SIGKILL)
+            worker.wait(30)
         finally:
+            killed.set()
             worker.kill()
             worker.communicate(timeout=30)
         big.on_change("issues", None)

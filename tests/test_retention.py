@@ -8,7 +8,6 @@ import json
 import threading
 from typing import Any
 
-import psycopg
 import pytest
 
 from sync import Engine
@@ -16,6 +15,7 @@ from sync.cli import main
 from sync.queries import QUERIES
 from sync.services import Kind
 from tests.conftest import DATABASE_URL, make_settings
+from tests.waiting import wait_until_blocked
 
 TERMINAL = ("succeeded", "partial", "failed", "cancelled")
 
@@ -262,21 +262,6 @@ def test_a_run_retried_while_the_pass_deletes_it_is_kept(
     assert outcome["report"].deleted[Kind.RUNS] == len(history["doomed"]) - 1
     assert target in remaining_runs(admin)
     assert len(ids(admin, f"SELECT id FROM run_attempts WHERE run_id = {target}")) == 2
-
-
-def wait_until_blocked(schema: str) -> None:
-    """Until one of the engine's statements waits for a lock: read from pg_stat_activity on a
-    connection of its own, without sleeping."""
-    with psycopg.connect(DATABASE_URL, autocommit=True) as watcher:
-        for _ in range(100_000):
-            waiting = watcher.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
-                "AND wait_event_type = 'Lock'",
-                (f"connector-sync/{schema}",),
-            ).fetchone()
-            if waiting and waiting[0]:
-                return
-    raise AssertionError("the pass never waited for the retried run's lock")
 
 
 def test_a_scoped_engine_cannot_prune(engine: Engine) -> None:
