@@ -612,7 +612,7 @@ def main() -> None:
         engine = chaos.setup()
         env = {**os.environ, "CONNECTOR_SYNC_SECRET_KEYS": chaos.key}
         for name, value in chaos.settings().model_dump().items():
-            if name in ("database_url", "secret_keys", "home", "schema_name"):
+            if name in ("database_url", "secret_keys", "home", "schema_name") or value is None:
                 continue
             env[f"CONNECTOR_SYNC_{name.upper()}"] = (
                 "[" + ",".join(map(str, value)) + "]" if isinstance(value, tuple) else str(value)
