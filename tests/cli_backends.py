@@ -186,7 +186,7 @@ def embedded_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     stop_server(home)
 
 
-@pytest.fixture(params=["database_url", "embedded"])
+@pytest.fixture(params=["database_url", pytest.param("embedded", marks=pytest.mark.slow)])
 def backend(request: pytest.FixtureRequest, schema: str) -> Backend:
     if request.param == "database_url":
         env: dict[str, str | None] = {"DATABASE_URL": DATABASE_URL, "CONNECTOR_SYNC_SCHEMA": schema}

@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from sync import Engine
 from tests.conftest import DATABASE_URL, make_settings
+
+# Every test here starts a process of its own (see tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 WORKERS = 12
 WORKSPACES = 4

@@ -14,6 +14,9 @@ import pytest
 
 from sync.embedded import stop_server
 
+# Every test here starts a process of its own (see tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(sys.executable).parent / "connector-sync"
 
 

@@ -129,6 +129,7 @@ def spawn_worker(schema: str, *extra: str) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.slow
 def test_a_paused_worker_loses_its_run_and_writes_nothing_after(
     schema: str, admin: Any, tmp_path: Path
 ) -> None:
@@ -187,6 +188,7 @@ def test_a_paused_worker_loses_its_run_and_writes_nothing_after(
         assert [a.outcome for a in engine.attempts(run.id)] == ["lost", "succeeded"]
 
 
+@pytest.mark.slow
 def test_sigterm_hands_the_run_back_without_spending_an_attempt(
     schema: str, admin: Any, tmp_path: Path
 ) -> None:

@@ -101,6 +101,7 @@ def test_a_table_larger_than_one_rate_window_finishes_in_one_run(
     assert run.total_units == 550  # both tables' X-Total-Count
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_table_is_resumed_where_it_stopped(
     schema: str, server: str, simulation: Simulation
 ) -> None:
