@@ -246,6 +246,35 @@ def test_first_sync_then_updates_deletions_and_additions(
     assert live_ids(sync_engine, conn_id, "rfis") == {"274801", "274833", "281090"}
 
 
+def test_a_company_is_tombstoned_only_once_two_complete_listings_missed_it(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    # Companies have no show endpoint to confirm a deletion with, and their listing is paged by
+    # page number, so it can shift: one listing that misses a company proves nothing.
+    routes = mock_company(respx_mock)
+    both = fixture("procore", "companies.json")
+    mine, harbor_steel = both
+    conn_id = connect(sync_engine)
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+
+    def sync_listing(*companies: dict[str, Any]) -> dict[str, Any]:
+        routes["companies"].mock(return_value=procore(list(companies), total=len(companies)))
+        run = run_sync(sync_engine, conn_id)
+        assert run.status == "succeeded", run.error
+        return plain(run.results)["companies"]
+
+    missing = str(harbor_steel["id"])
+    assert sync_listing(mine)["tombstoned"] == 0  # missed once: kept
+    assert missing in live_ids(sync_engine, conn_id, "companies")
+    sync_listing(mine, harbor_steel)  # listed again: the miss is forgotten
+    assert sync_listing(mine)["tombstoned"] == 0  # so this is a first miss again
+    assert missing in live_ids(sync_engine, conn_id, "companies")
+
+    assert sync_listing(mine) == result(unchanged=1, tombstoned=1)  # missed twice in a row
+    assert tombstoned_ids(sync_engine, conn_id, "companies") == {missing}
+    assert live_ids(sync_engine, conn_id, "companies") == {str(mine["id"])}
+
+
 def test_rotated_refresh_tokens_are_saved_and_spent_next_time(
     sync_engine: Engine, respx_mock: respx.MockRouter
 ) -> None:
