@@ -591,6 +591,43 @@ def test_ctrl_c_while_connecting_prints_no_traceback(
     assert "Traceback" not in err and err.strip().splitlines() == ["interrupted"], err
 
 
+# Loaded by the interpreter at start (PYTHONPATH): holds the import of the command line until
+# stdin says go, so a Ctrl-C lands while it loads.
+HOLD_THE_IMPORT = """
+import sys
+
+
+class HoldTheImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "sync.cli":
+            sys.meta_path.remove(self)
+            print("loading", file=sys.stderr, flush=True)
+            sys.stdin.readline()
+        return None
+
+
+sys.meta_path.insert(0, HoldTheImport())
+"""
+
+
+def test_ctrl_c_while_the_command_line_loads_prints_no_traceback(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(HOLD_THE_IMPORT)
+    proc = subprocess.Popen(
+        [str(SCRIPT), "workspaces", "list"],
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    assert proc.stderr.readline().strip() == "loading"  # inside the import now
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines() == ["interrupted"], err
+
+
 def test_ctrl_c_while_following_a_run_prints_no_traceback(
     cli: Cli, simulated: tuple[str, Simulation]
 ) -> None:
