@@ -46,10 +46,10 @@ from sync.checkpoints import RunCheckpoints, seen_keys_intact
 from sync.db import Pool, first_line
 from sync.errors import LeaseLost, SecretsError, describe_validation_error
 from sync.http_cache import HttpCache
-from sync.lease import LeaseKeeper
+from sync.lease import Control, Lease, LeaseKeeper
 from sync.progress import RunProgress
 from sync.queries import QUERIES
-from sync.records import Lease, RecordWriter, fenced_one
+from sync.records import RecordWriter, fenced_one
 from sync.retry_policy import (
     SETTLED,
     AbortReason,
@@ -119,6 +119,12 @@ class BudgetView:
 
     def __init__(self) -> None:
         self.until: datetime | None = None
+
+    def learn(self, control: Control) -> None:
+        """What a control read says of the budget: a block only ever gets longer."""
+        until = control.budget_blocked_until
+        if until is not None and (self.until is None or until > self.until):
+            self.until = until
 
 
 class RunContext:
@@ -311,7 +317,7 @@ class Executor:
         )
         self.current = abort
         self._seen_keys_left = False
-        self._keeper.watch(run.lease, abort, budget=budget, logger=logger)
+        watch = self._keeper.watch(run.lease, abort, on_control=budget.learn, logger=logger)
         logger.info("%s run started (attempt %d of %d)", run.kind, run.attempts, run.max_attempts)
         outcome: Outcome | None = None
         try:
@@ -325,7 +331,7 @@ class Executor:
                 run, outcome, results, attempt, processed, logger, claim_next=claim_next
             )
         finally:
-            self._keeper.release()
+            self._keeper.release(watch)
             self.current = None
             # Seen keys serve every attempt of the run: they go when the run has ended.
             if self._seen_keys_left and outcome is not None and outcome.action is Action.FINISH:

@@ -157,7 +157,7 @@ class Worker:
         self._continuous = False  # run() sets it: finish-and-claim in one round trip
         self._prefetched: ClaimedRun | None = None
         self._heartbeat_lock = threading.Lock()
-        self._keeper = LeaseKeeper(pool, settings, on_tick=self._heartbeat_if_due)
+        self._keeper = LeaseKeeper.for_url(settings, url, on_tick=self._heartbeat_if_due)
         self._listener = Listener(settings, url, self._wake) if listen else None
         self._executor = Executor(
             pool, settings, secrets, self._keeper, self.id, providers=self.providers
