@@ -365,10 +365,12 @@ SELECT * FROM ingestions
    AND (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s);
 
 -- name: list_ingestions
--- Recent ingestions, newest first, of one workspace (or all) and one status (or all).
+-- Recent ingestions, newest first, of one workspace (or all), one status (or all), and the
+-- members of one archive (or all).
 SELECT * FROM ingestions
  WHERE (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s)
    AND (%(status)s::text IS NULL OR status = %(status)s)
+   AND (%(archive_id)s::bigint IS NULL OR archive_id = %(archive_id)s)
  ORDER BY id DESC
  LIMIT %(limit)s;
 

@@ -71,9 +71,10 @@ class IngestionsApi:
         *,
         workspace_id: int | None = None,
         status: IngestionStatus | str | None = None,
+        archive_id: int | None = None,
         limit: int = 50,
     ) -> list[Ingestion]:
-        """Recent ingestions, newest first."""
+        """Recent ingestions, newest first; ``archive_id``: the members of that archive."""
         if status is not None:
             try:
                 status = IngestionStatus(status)
@@ -85,6 +86,7 @@ class IngestionsApi:
                 conn,
                 workspace_id=self._scope_of(workspace_id),
                 status=status.value if status else None,
+                archive_id=archive_id,
                 limit=max(1, min(limit, MAX_LIMIT)),
             )
         return [Ingestion.from_row(r) for r in rows]

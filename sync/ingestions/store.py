@@ -444,9 +444,19 @@ def get(conn: Connection, ingestion_id: int, workspace_id: int | None) -> dict[s
 
 
 def listing(
-    conn: Connection, *, workspace_id: int | None, status: str | None, limit: int
+    conn: Connection,
+    *,
+    workspace_id: int | None,
+    status: str | None,
+    archive_id: int | None,
+    limit: int,
 ) -> list[dict[str, Any]]:
-    params = {"workspace_id": workspace_id, "status": status, "limit": limit}
+    params = {
+        "workspace_id": workspace_id,
+        "status": status,
+        "archive_id": archive_id,
+        "limit": limit,
+    }
     return conn.execute(_q("list_ingestions"), params).fetchall()
 
 
