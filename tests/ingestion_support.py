@@ -90,3 +90,10 @@ def stored_chunks(admin: psycopg.Connection[Any], document_id: int) -> list[tupl
         (document_id,),
     ).fetchall()
     return [tuple(r.values()) for r in rows]
+
+
+def without_ingestions(worker: Worker) -> Worker:
+    """The worker with its ingestion stage left out: it only syncs (and the test decides
+    which worker ingests what)."""
+    worker._stages = [(name, stage) for name, stage in worker._stages if name != "ingestions"]
+    return worker
