@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 from rich.console import Console, Group
 from rich.live import Live
+from rich.padding import Padding
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
@@ -222,9 +223,8 @@ def search_command(
         title.append(f"  page {hit.page}, chunk {hit.chunk_index}, score {hit.score:.4f}", "dim")
         out.print(title)
         snippet = " ".join(hit.text.split())
-        out.print(
-            Text("   " + (snippet if len(snippet) <= 230 else snippet[:229] + "…"), overflow="fold")
-        )
+        snippet = snippet if len(snippet) <= 230 else snippet[:229] + "…"
+        out.print(Padding(Text(snippet, overflow="fold"), (0, 0, 0, 3)))
 
 
 def hit_file(hit: SearchHit) -> str:

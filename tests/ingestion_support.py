@@ -15,11 +15,12 @@ from sync.documents import DocumentLimits, Extraction, HashingEmbedder, MediaTyp
 from sync.documents.embeddings import Vector
 from sync.worker import Worker
 
-WORDS = (
+VOCABULARY = (
     "steel beam column footing slab rebar concrete pour formwork curing inspection submittal "
     "revision drawing detail section elevation schedule door frame hardware fire rating "
     "guardrail stair landing handrail anchor bolt weld grout membrane flashing roof drain"
-).split()
+)
+WORDS = tuple(VOCABULARY.split())
 
 
 def write_text(path: Path, paragraphs: int, seed: int = 1) -> Path:

@@ -108,9 +108,9 @@ def test_a_killed_worker_is_resumed_at_its_last_batch_and_the_chunks_are_the_sam
             assert done.status == "ready", done.error
             assert done.attempts == 2 and done.processed_units == total
             assert counting.embedded == total - K * BATCH  # nothing before batch k again
-            assert counting.first_texts[0] == stored_chunks(admin, done.document_id or 0)[
-                K * BATCH
-            ][2]
+            assert (
+                counting.first_texts[0] == stored_chunks(admin, done.document_id or 0)[K * BATCH][2]
+            )
             # Embedded twice: the batch the killed worker embedded but never committed, at most.
             twice = killed_embedded + counting.embedded - total
             assert 0 <= twice <= BATCH, (killed_embedded, counting.embedded, total)
