@@ -175,7 +175,7 @@ class Worker:
         self._register()
         self.ingestions = IngestionStage(
             pool, settings, secrets, self._keeper, self.id, self.providers,
-            stopping=lambda: self._stop_requested,
+            stopping=lambda: self._stop_requested, runs_executed=lambda: self.runs_executed,
         )  # fmt: skip
         self._stages: list[tuple[str, Callable[[], bool]]] = [
             ("heartbeat", self._heartbeat),

@@ -16,6 +16,7 @@ import pytest
 from connectors import RetryableError
 from sync import Engine
 from sync.errors import Conflict, InvalidInput, NotFound
+from sync.ingestions import stage as stage_module
 from sync.ingestions import store
 from sync.ingestions.decisions import Next, after_failure
 from sync.retry_policy import AbortReason
@@ -28,6 +29,7 @@ from tests.ingestion_support import (
     worker_with,
     write_text,
 )
+from tests.test_sync_flow import items, new_dataset
 
 
 @pytest.fixture
@@ -291,3 +293,29 @@ def test_what_is_decided_after_a_failure() -> None:
     db = after_failure(psycopg.OperationalError("gone"), attempts=1, max_attempts=3)
     assert db.next is Next.REQUEUE and db.error["kind"] == "database"
     assert os.linesep not in db.error["message"]
+
+
+def test_a_worker_busy_with_runs_looks_for_ingestions_at_most_once_a_second(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stage_module, "LOOK_EVERY_WHILE_BUSY", 3600.0)  # no clock involved
+    key, _ = new_dataset(items=items(3))
+    ws = engine.create_workspace("docs")
+    connections = [
+        engine.create_connection(ws.id, f"mem{i}", "memory", config={"dataset": key}).id
+        for i in range(2)
+    ]
+    worker = worker_with(engine)
+    try:
+        engine.sync(connections[0])
+        first = engine.ingest(write_text(tmp_path / "a.txt", paragraphs=3), ws.id)
+        assert worker.poll()  # a run, and the first look: the ingestion
+        assert engine.ingestion(first.id).status == "ready"
+        engine.sync(connections[1])
+        second = engine.ingest(write_text(tmp_path / "b.txt", paragraphs=3), ws.id)
+        assert worker.poll()  # another run: no look this time
+        assert engine.ingestion(second.id).status == "queued"
+        assert worker.poll()  # no run: an idle poll always looks
+        assert engine.ingestion(second.id).status == "ready"
+    finally:
+        worker.close()

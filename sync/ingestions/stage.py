@@ -1,11 +1,16 @@
 """The worker's ingestion stage: each poll claims and executes at most one archive expansion
 and at most one document ingestion. The document ingestion is held by the worker's lease
 keeper, like a run; its abort signal trips when its lease is lost, when it is cancelled and
-when the worker stops (it is then handed back without spending an attempt)."""
+when the worker stops (it is then handed back without spending an attempt).
+
+While the worker is executing runs back to back, the stage looks for ingestions at most once a
+second (two claims are two round trips, which a queue of short runs would otherwise pay per
+run); an idle poll always looks."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
@@ -20,6 +25,8 @@ from sync.settings import Settings
 
 log = logging.getLogger("sync.ingestions")
 
+LOOK_EVERY_WHILE_BUSY = 1.0  # seconds between looks while the worker executes runs
+
 
 class IngestionStage:
     def __init__(
@@ -32,6 +39,7 @@ class IngestionStage:
         providers: Sequence[str],
         *,
         stopping: Callable[[], bool],
+        runs_executed: Callable[[], int] = lambda: 0,
     ) -> None:
         self._pool = pool
         self._settings = settings
@@ -40,6 +48,9 @@ class IngestionStage:
         self._worker_id = worker_id
         self._providers = list(providers)
         self._stopping = stopping
+        self._runs_executed = runs_executed
+        self._runs_seen = runs_executed()
+        self._last_look = float("-inf")
         # The embedder of new chunks, and the caps and chunk settings (CONNECTOR_SYNC_DOCUMENTS_*).
         self.embedder: Embedder = HashingEmbedder()
         self.limits = DocumentLimits()
@@ -50,6 +61,11 @@ class IngestionStage:
         done = False
         if self._stopping():
             return False
+        runs, self._runs_seen = self._runs_seen, self._runs_executed()
+        now = time.monotonic()
+        if runs != self._runs_seen and now - self._last_look < LOOK_EVERY_WHILE_BUSY:
+            return False
+        self._last_look = now
         with self._pool.connection() as conn:
             archive = store.claim_archive(
                 conn,
