@@ -19,7 +19,9 @@ from sync.errors import Conflict, InvalidInput, NotFound
 from sync.ingestions import stage as stage_module
 from sync.ingestions import store
 from sync.ingestions.decisions import Next, after_failure
+from sync.queries import parse
 from sync.retry_policy import AbortReason
+from sync.sqlfiles import sql_dir
 from tests.conftest import make_settings
 from tests.ingestion_support import (
     CountingEmbedder,
@@ -29,6 +31,7 @@ from tests.ingestion_support import (
     worker_with,
     write_text,
 )
+from tests.test_queries import _PLACEHOLDER as PLACEHOLDER
 from tests.test_sync_flow import items, new_dataset
 
 
@@ -319,3 +322,16 @@ def test_a_worker_busy_with_runs_looks_for_ingestions_at_most_once_a_second(
         assert engine.ingestion(second.id).status == "ready"
     finally:
         worker.close()
+
+
+def test_every_ingestion_statement_says_what_it_protects_and_prepares(
+    engine: Engine, admin: Any
+) -> None:
+    named = parse((sql_dir() / "ingestions.sql").read_text())
+    assert len(named) > 20
+    for name, query in named.items():
+        assert len(query.doc) > 40, f"{name} says nothing of what it protects"
+        params = sorted(set(PLACEHOLDER.findall(query.text)))
+        numbered = PLACEHOLDER.sub(lambda m, p=params: f"${p.index(m.group(1)) + 1}", query.text)
+        admin.execute(f"PREPARE check_{name} AS {numbered}")
+        admin.execute(f"DEALLOCATE check_{name}")
