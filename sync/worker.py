@@ -34,6 +34,7 @@ import connectors
 from sync.db import Pool, connect, first_line
 from sync.errors import Conflict
 from sync.executor import ClaimedRun, Executor
+from sync.ingestions.stage import IngestionStage
 from sync.lease import LeaseKeeper
 from sync.migrations import check_schema
 from sync.queries import QUERIES
@@ -172,10 +173,15 @@ class Worker:
         with pool.connection() as conn:
             check_schema(conn, settings.schema_name)
         self._register()
+        self.ingestions = IngestionStage(
+            pool, settings, secrets, self._keeper, self.id, self.providers,
+            stopping=lambda: self._stop_requested, runs_executed=lambda: self.runs_executed,
+        )  # fmt: skip
         self._stages: list[tuple[str, Callable[[], bool]]] = [
             ("heartbeat", self._heartbeat),
             ("schedules", self._enqueue_schedules),
             ("claim", self._claim_and_execute),
+            ("ingestions", self.ingestions.poll),
             ("sweep", self._sweep),
         ]
 
