@@ -11,8 +11,8 @@ from psycopg.types.json import Jsonb
 
 from connectors.context import CachedResponse
 from sync.db import Pool
+from sync.lease import Lease
 from sync.queries import QUERIES
-from sync.records import Lease
 
 
 class HttpCache:
@@ -37,8 +37,8 @@ class HttpCache:
             conn.execute(
                 QUERIES.store_response,
                 {
-                    "run_id": self._lease.run_id,
-                    "lease_owner": self._lease.lease_owner,
+                    "run_id": self._lease.id,
+                    "lease_owner": self._lease.owner,
                     "connection_id": self._connection_id,
                     "url_hash": _key(url),
                     "etag": response.etag,

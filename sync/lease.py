@@ -1,9 +1,21 @@
-"""Holding a claimed run: renewal every lease/3, a control read every 2 s, and the run timeout,
-all done by one long-lived :class:`LeaseKeeper` thread per worker, which trips the run's abort
-signal when the lease is lost, a cancel is requested or the time is up."""
+"""Holding leased work: renewal every lease/3, a control read every 2 s, and a timeout, for any
+number of leases of any kind at once, all done by one :class:`LeaseKeeper` thread per worker on a
+connection of its own. It trips a lease's abort signal when the lease is lost, its work is
+cancelled or its time is up.
+
+Every kind of leased work (a connection's run, an application job, a document ingestion) is a
+row with a lease owner (the claim's fencing token) and an expiry. A kind tells the keeper how to
+renew and how to read the control of one of its rows (:class:`LeaseKind`); the keeper does the
+rest the same way for all of them.
+
+The keeper never borrows from the worker's pool: a worker whose lanes hold every pooled
+connection still renews its leases on time, so no lease is lost (and no second worker let in)
+because the pool was busy.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -11,44 +23,60 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 import psycopg
 
 from sync.abort import AbortSignal
-from sync.db import Pool, first_line
+from sync.db import Connection, connect, first_line
 from sync.queries import QUERIES
-from sync.records import Lease
 from sync.retry_policy import AbortReason
 from sync.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def renew(conn: psycopg.Connection[Any], lease: Lease, seconds: float) -> bool:
-    """Extend the lease; False means it is lost."""
-    row = conn.execute(
-        QUERIES.renew_lease,
-        {
-            "run_id": lease.run_id,
-            "lease_owner": lease.lease_owner,
-            "lease": timedelta(seconds=seconds),
-        },
-    ).fetchone()
-    return row is not None
+@dataclass(frozen=True)
+class Lease:
+    """A claim's hold on one leased row: the row's id, and the fencing token the claim wrote
+    as its lease owner. Every write the holder makes re-checks both."""
+
+    id: int
+    owner: UUID
 
 
 @dataclass(frozen=True)
 class Control:
-    """What the run's row says: stop (lost or cancelled), or carry on (``stop`` None), and
-    until when its shared rate budget is spent."""
+    """What a leased row says: stop (lost or cancelled), or carry on (``stop`` None), and, for
+    a run, until when its shared rate budget is spent."""
 
     stop: AbortReason | None
     budget_blocked_until: datetime | None = None
 
 
-def read_control(conn: psycopg.Connection[Any], lease: Lease) -> Control:
+@dataclass(frozen=True)
+class LeaseKind:
+    """How the keeper holds one kind of leased work. ``renew`` extends the lease and returns
+    False when it is lost (expired, or claimed by another worker); ``control`` reads whether
+    the holder must stop. Both take the keeper's own connection."""
+
+    name: str
+    renew: Callable[[Connection, Lease, timedelta], bool]
+    control: Callable[[Connection, Lease], Control]
+
+
+def renew_run(conn: Connection, lease: Lease, seconds: timedelta) -> bool:
+    """Extend a run's lease; False means it is lost."""
     row = conn.execute(
-        QUERIES.read_run_control, {"run_id": lease.run_id, "lease_owner": lease.lease_owner}
+        QUERIES.renew_lease,
+        {"run_id": lease.id, "lease_owner": lease.owner, "lease": seconds},
+    ).fetchone()
+    return row is not None
+
+
+def read_run_control(conn: Connection, lease: Lease) -> Control:
+    row = conn.execute(
+        QUERIES.read_run_control, {"run_id": lease.id, "lease_owner": lease.owner}
     ).fetchone()
     if row is None:
         return Control(AbortReason.LEASE_LOST)
@@ -56,34 +84,80 @@ def read_control(conn: psycopg.Connection[Any], lease: Lease) -> Control:
     return Control(stop, row["budget_blocked_until"])
 
 
-@dataclass
-class _Watch:
+RUNS = LeaseKind("run", renew=renew_run, control=read_run_control)
+
+
+@dataclass(frozen=True)
+class Terms:
+    """How long a lease lasts, how often it is renewed and controlled, and how long the work
+    may run in all. Renewal comes at a third of the lease, so two renewals can fail before it
+    runs out."""
+
+    lease_seconds: float
+    control_interval: float
+    timeout_seconds: float
+
+    @property
+    def renew_interval(self) -> float:
+        return self.lease_seconds / 3
+
+    @classmethod
+    def of_runs(cls, settings: Settings) -> Terms:
+        return cls(settings.lease_seconds, settings.control_interval, settings.run_timeout_seconds)
+
+
+@dataclass(eq=False)
+class Watch:
+    """One lease the keeper holds, from ``watch()`` until ``release()``."""
+
+    kind: LeaseKind
     lease: Lease
     abort: AbortSignal
-    deadline: float  # monotonic: the run timeout
+    terms: Terms
+    deadline: float  # monotonic: the timeout
     valid_until: float  # monotonic: when the lease runs out unless renewed
     next_renew: float
     next_control: float
-    budget: Any = None  # executor.BudgetView: .until, refreshed by each control read
+    on_control: Callable[[Control], object] | None = None
     log: logging.LoggerAdapter[logging.Logger] | logging.Logger = field(default=log)
+    renewals: int = 0  # renewals that extended the lease
+
+    @property
+    def due(self) -> float:
+        return min(self.next_renew, self.next_control, self.deadline)
 
 
 class LeaseKeeper:
-    """One per worker. ``watch()`` a run when it starts, ``release()`` it when it ends."""
+    """One per worker. ``watch()`` a lease when its work starts, ``release()`` it when the work
+    ends; any number may be watched at once, from any thread.
+
+    ``connect`` opens the keeper's own connection (reopened after a failure); ``on_tick`` is
+    called after each round of ticks, outside the keeper's lock."""
 
     def __init__(
-        self, pool: Pool, settings: Settings, *, on_tick: Callable[[], object] | None = None
+        self,
+        settings: Settings,
+        connect: Callable[[], Connection],
+        *,
+        on_tick: Callable[[], object] | None = None,
     ) -> None:
-        self._pool = pool
         self._settings = settings
-        # Called on every tick while a run is watched: the worker's heartbeat, which its main
-        # thread cannot send while it executes the run.
+        self._connect = connect
         self._on_tick = on_tick
         self._cond = threading.Condition()
-        self._watch: _Watch | None = None
+        self._watches: set[Watch] = set()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._conn: Connection | None = None
         self.failures = 0  # renew/control round trips that failed (a metric)
+        self.renewals: dict[str, int] = {}  # renewals that extended a lease, per kind
+        self.losses: dict[str, int] = {}  # leases found lost, per kind
+
+    @classmethod
+    def for_url(
+        cls, settings: Settings, url: str, *, on_tick: Callable[[], object] | None = None
+    ) -> LeaseKeeper:
+        return cls(settings, lambda: connect(settings, url, purpose="lease"), on_tick=on_tick)
 
     def start(self) -> None:
         if self.alive:
@@ -98,107 +172,150 @@ class LeaseKeeper:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._close_connection()
 
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def watched(self) -> int:
+        with self._cond:
+            return len(self._watches)
 
     def watch(
         self,
         lease: Lease,
         abort: AbortSignal,
         *,
-        budget: Any = None,
+        kind: LeaseKind = RUNS,
+        terms: Terms | None = None,
+        on_control: Callable[[Control], object] | None = None,
         logger: logging.LoggerAdapter[logging.Logger] | logging.Logger = log,
-    ) -> None:
+    ) -> Watch:
+        """Hold ``lease`` from now on (its claim has just set it to ``terms.lease_seconds``)."""
+        terms = terms or Terms.of_runs(self._settings)
         now = time.monotonic()
-        s = self._settings
+        watch = Watch(
+            kind=kind,
+            lease=lease,
+            abort=abort,
+            terms=terms,
+            deadline=now + terms.timeout_seconds,
+            valid_until=now + terms.lease_seconds,
+            next_renew=now + terms.renew_interval,
+            next_control=now + terms.control_interval,
+            on_control=on_control,
+            log=logger,
+        )
         with self._cond:
-            self._watch = _Watch(
-                lease=lease,
-                abort=abort,
-                deadline=now + s.run_timeout_seconds,
-                valid_until=now + s.lease_seconds,
-                next_renew=now + s.renew_interval,
-                next_control=now + s.control_interval,
-                budget=budget,
-                log=logger,
-            )
+            self._watches.add(watch)
+            self._cond.notify_all()
+        return watch
+
+    def release(self, watch: Watch) -> None:
+        with self._cond:
+            self._watches.discard(watch)
             self._cond.notify_all()
 
-    def release(self) -> None:
-        with self._cond:
-            self._watch = None
-            self._cond.notify_all()
+    # -- the thread ------------------------------------------------------------------------
 
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while self._watch is None and not self._stopping:
+                while not self._watches and not self._stopping:
                     self._cond.wait()
                 if self._stopping:
                     return
-                watch = self._watch
-                assert watch is not None
-                due = min(watch.next_renew, watch.next_control, watch.deadline)
-                wait = due - time.monotonic()
+                wait = min(w.due for w in self._watches) - time.monotonic()
                 if wait > 0:
                     self._cond.wait(wait)
                     continue
-            try:
-                self._tick(watch)
-                if self._on_tick is not None:
+                due = [w for w in self._watches if w.due <= time.monotonic()]
+            for watch in due:
+                try:
+                    self._tick(watch)
+                except Exception:  # a bug here must not end the thread: log it and go on
+                    self.failures += 1
+                    watch.log.exception("lease keeper tick failed")
+                    watch.next_control = time.monotonic() + watch.terms.control_interval
+            if self._on_tick is not None:
+                try:
                     self._on_tick()
-            except Exception:  # a bug here must not end the thread: log it and go on
-                self.failures += 1
-                watch.log.exception("lease keeper tick failed")
-                watch.next_control = time.monotonic() + self._settings.control_interval
+                except Exception:
+                    log.exception("lease keeper: on_tick failed")
 
-    def _tick(self, watch: _Watch) -> None:
+    def _tick(self, watch: Watch) -> None:
         now = time.monotonic()
-        s = self._settings
+        terms = watch.terms
+        name = watch.kind.name
         if now >= watch.deadline:
-            watch.log.warning("run timed out after %.0f s", s.run_timeout_seconds)
+            watch.log.warning("%s timed out after %.0f s", name, terms.timeout_seconds)
             watch.abort.trip(AbortReason.TIMEOUT)
             watch.deadline = float("inf")
         if now >= watch.next_renew:
+            length = timedelta(seconds=terms.lease_seconds)
             try:
-                with self._pool.connection(timeout=5) as conn:
-                    renewed = renew(conn, watch.lease, s.lease_seconds)
+                renewed = self._call(lambda c: watch.kind.renew(c, watch.lease, length))
             except Exception as exc:
                 self._failed(watch, "renew", exc)
-                watch.next_renew = now + min(5.0, s.renew_interval)
+                watch.next_renew = now + min(5.0, terms.renew_interval)
             else:
-                watch.next_renew = now + s.renew_interval
+                watch.next_renew = now + terms.renew_interval
                 if renewed:
-                    watch.valid_until = now + s.lease_seconds
+                    watch.valid_until = now + terms.lease_seconds
+                    watch.renewals += 1
+                    self.renewals[name] = self.renewals.get(name, 0) + 1
                 else:
                     watch.log.warning("lease lost: the renewal matched nothing")
-                    watch.abort.trip(AbortReason.LEASE_LOST)
+                    self._lost(watch)
         if now >= watch.next_control:
-            watch.next_control = now + s.control_interval
+            watch.next_control = now + terms.control_interval
             try:
-                with self._pool.connection(timeout=5) as conn:
-                    control = read_control(conn, watch.lease)
+                control = self._call(lambda c: watch.kind.control(c, watch.lease))
             except Exception as exc:
                 self._failed(watch, "control", exc)
             else:
-                if control.stop is not None:
-                    watch.log.info("run control says %s", control.stop.value)
+                if control.stop is AbortReason.LEASE_LOST:
+                    watch.log.warning("lease lost: the %s's row is no longer held", name)
+                    self._lost(watch)
+                elif control.stop is not None:
+                    watch.log.info("%s control says %s", name, control.stop.value)
                     watch.abort.trip(control.stop)
-                if watch.budget is not None and control.budget_blocked_until is not None:
-                    current = watch.budget.until
-                    if current is None or control.budget_blocked_until > current:
-                        watch.budget.until = control.budget_blocked_until
-        # Without a renewal we cannot know whether another worker holds the run: stop writing
+                if watch.on_control is not None:
+                    watch.on_control(control)
+        # Without a renewal we cannot know whether another worker holds the row: stop writing
         # a little before the lease the database knows of runs out.
-        if time.monotonic() >= watch.valid_until - min(5.0, s.lease_seconds / 10):
+        if time.monotonic() >= watch.valid_until - min(5.0, terms.lease_seconds / 10):
             watch.log.warning("lease lost: could not renew it before it ran out")
-            watch.abort.trip(AbortReason.LEASE_LOST)
+            self._lost(watch)
         if watch.abort.reason is AbortReason.LEASE_LOST:
-            # Nothing left to keep; the executor is stopping.
+            # Nothing left to keep; the holder is stopping.
             watch.next_renew = watch.next_control = watch.valid_until = float("inf")
 
-    def _failed(self, watch: _Watch, what: str, exc: Exception) -> None:
+    def _lost(self, watch: Watch) -> None:
+        if watch.abort.reason is not AbortReason.LEASE_LOST:
+            name = watch.kind.name
+            self.losses[name] = self.losses.get(name, 0) + 1
+        watch.abort.trip(AbortReason.LEASE_LOST)
+
+    def _call(self, statement: Callable[[Connection], Any]) -> Any:
+        """One statement on the keeper's own connection, opened on first use and reopened after
+        a failure (the failure itself is the caller's)."""
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+        try:
+            return statement(self._conn)
+        except psycopg.Error:
+            self._close_connection()
+            raise
+
+    def _close_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _failed(self, watch: Watch, what: str, exc: Exception) -> None:
         self.failures += 1
         watch.log.warning("lease keeper %s failed: %s", what, first_line(exc))

@@ -33,6 +33,7 @@ from sync.abort import AbortSignal
 from sync.checkpoints import SliceCheckpoint
 from sync.db import is_transient
 from sync.errors import LeaseLost
+from sync.lease import Lease
 from sync.progress import RunProgress
 from sync.queries import QUERIES
 
@@ -48,14 +49,6 @@ class RecordError(PermanentError):
     """A record the engine cannot store (no primary key, a value Postgres rejects)."""
 
     kind = "record"
-
-
-@dataclass(frozen=True)
-class Lease:
-    """The claim a run's writes are fenced by."""
-
-    run_id: int
-    lease_owner: Any  # uuid.UUID
 
 
 def external_id(record: Mapping[str, Any], primary_key: str | tuple[str, ...], table: str) -> str:
@@ -369,8 +362,8 @@ class RecordWriter:
 
     def _params(self) -> dict[str, Any]:
         return {
-            "run_id": self._lease.run_id,
-            "lease_owner": self._lease.lease_owner,
+            "run_id": self._lease.id,
+            "lease_owner": self._lease.owner,
             "connection_id": self._connection_id,
             "table_name": self._table.name,
         }

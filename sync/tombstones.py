@@ -22,8 +22,9 @@ import psycopg
 
 from connectors.base import Table
 from sync.abort import AbortSignal
+from sync.lease import Lease
 from sync.queries import QUERIES
-from sync.records import Lease, fenced_one
+from sync.records import fenced_one
 
 STEP = 10_000  # stored rows per step of the pass
 
@@ -118,8 +119,8 @@ class TombstonePass:
             self._conn,
             query,
             {
-                "run_id": self._lease.run_id,
-                "lease_owner": self._lease.lease_owner,
+                "run_id": self._lease.id,
+                "lease_owner": self._lease.owner,
                 "connection_id": self._connection_id,
                 "table_name": self._table.name,
                 **params,

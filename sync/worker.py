@@ -36,6 +36,7 @@ import connectors
 from sync.db import Pool, connect, first_line
 from sync.errors import Conflict
 from sync.executor import ClaimedRun, Executor
+from sync.ingestions.stage import IngestionStage
 from sync.lease import LeaseKeeper
 from sync.migrations import check_schema
 from sync.queries import QUERIES
@@ -186,7 +187,7 @@ class Worker:
         ]
         # While a run executes, the lease keeper's thread sends the heartbeat when it is due,
         # also when poll() is called without the services' timers.
-        self._keeper = LeaseKeeper(pool, settings, on_tick=self.heartbeat.run_if_due)
+        self._keeper = LeaseKeeper.for_url(settings, url, on_tick=self.heartbeat.run_if_due)
         self._listener = Listener(settings, url, self._wake) if listen else None
         self._executor = Executor(
             pool, settings, secrets, self._keeper, self.id, providers=self.providers
@@ -198,10 +199,15 @@ class Worker:
         with pool.connection() as conn:
             check_schema(conn, settings.schema_name)
         self._register()
+        self.ingestions = IngestionStage(
+            pool, settings, secrets, self._keeper, self.id, self.providers,
+            stopping=lambda: self._stop_requested, runs_executed=lambda: self.runs_executed,
+        )  # fmt: skip
         self._stages: list[tuple[str, Callable[[], bool]]] = [
             ("heartbeat", _inline(self.heartbeat)),
             ("schedules", _inline(self.schedules)),
             ("claim", self._claim_and_execute),
+            ("ingestions", self.ingestions.poll),
             ("sweep", _inline(self.sweeper)),
             ("clean", _inline(self.cleaner)),
         ]

@@ -17,9 +17,9 @@ from connectors import Checkpoint, Mode, Table
 from sync import Engine
 from sync.abort import AbortSignal
 from sync.errors import LeaseLost
-from sync.lease import read_control, renew
+from sync.lease import Lease, read_run_control, renew_run
 from sync.queries import QUERIES
-from sync.records import Lease, RecordWriter
+from sync.records import RecordWriter
 from sync.retry_policy import AbortReason
 from sync.tombstones import TombstonePass
 from tests.cli_backends import WorkerProcess
@@ -68,8 +68,8 @@ def test_every_write_of_a_stale_claim_matches_nothing(engine: Engine, admin: Any
         # The lease runs out. Nobody has claimed the run yet, but the claim is already dead:
         # the limiter treats an expired lease as free, so the writes must too.
         admin.execute("UPDATE connection_runs SET lease_expires_at = now() - interval '1 second'")
-        assert renew(db, stale, 120) is False
-        assert read_control(db, stale).stop is AbortReason.LEASE_LOST
+        assert renew_run(db, stale, timedelta(seconds=120)) is False
+        assert read_run_control(db, stale).stop is AbortReason.LEASE_LOST
         writer.write({"id": 1, "v": "stale"})
         with pytest.raises(LeaseLost):
             writer.flush()

@@ -21,8 +21,7 @@ from connectors import RateLimited, RetryableError
 from connectors.simulated.server import Simulation, start_server
 from sync import Engine
 from sync.cli import describe_progress
-from sync.lease import renew
-from sync.records import Lease
+from sync.lease import Lease, renew_run
 from sync.testing import make_run_due, run_sync
 from tests.conftest import make_settings
 from tests.fakes import DATASETS
@@ -371,7 +370,7 @@ def test_each_renewal_notes_the_lease_on_the_attempt(engine: Engine, admin: Any)
     claimed = claim(engine, "worker-a")
     lease = Lease(claimed["id"], claimed["lease_owner"])
     with engine.pool.connection() as db:
-        assert renew(db, lease, 300)
+        assert renew_run(db, lease, timedelta(seconds=300))
     row = admin.execute(
         "SELECT r.lease_expires_at AS run, a.lease_expires_at AS attempt "
         "FROM connection_runs r JOIN run_attempts a ON a.lease_owner = r.lease_owner"
