@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from sync import Engine
-from sync.services import FleetTask, ScheduleEnqueuer
+from sync.services import FleetTask, ScheduleEnqueuer, Service
 from sync.worker import Listener
 from tests.conftest import make_settings
 from tests.test_sync_flow import items, new_dataset
@@ -139,6 +139,50 @@ def test_schedules_are_enqueued_while_a_long_run_executes(schema: str, admin: An
             worker.stop()
             loop.join(30)
         assert not any(service.alive for service in worker.services)
+
+
+class Counting(Service[int]):
+    """A service whose work fails while ``failing`` is set."""
+
+    name = "counting"
+
+    def __init__(self, clock: Any) -> None:
+        super().__init__(interval=10.0, max_backoff=30.0, clock=clock)
+        self.calls = 0
+        self.failing = False
+
+    def _run(self) -> int:
+        self.calls += 1
+        if self.failing:
+            raise RuntimeError("down")
+        return self.calls
+
+
+def test_a_service_runs_when_its_interval_has_passed_and_backs_off_while_it_fails() -> None:
+    now = [0.0]
+    service = Counting(clock=lambda: now[0])
+    assert service.run_if_due() and service.calls == 1  # never ran: due at once
+    now[0] = 9.9
+    assert not service.run_if_due()
+    now[0] = 10.0
+    assert service.run_if_due() and service.calls == 2
+
+    # Failing, it is retried after 1, 2, 4... s up to max_backoff, but never sooner than its
+    # interval: here the interval wins until the backoff passes it.
+    service.failing = True
+    failed_at = []
+    for _ in range(7):
+        with pytest.raises(RuntimeError):
+            while not service.run_if_due():
+                now[0] += 0.5
+        failed_at.append(now[0])
+    gaps = [b - a for a, b in zip([10.0, *failed_at], failed_at, strict=False)]
+    assert gaps == [10.0, 10.0, 10.0, 10.0, 10.0, 16.0, 30.0]
+    assert service.failures == 7 and service.signals.failed.count == 7
+    service.failing = False
+    now[0] += 30.0
+    assert service.run_if_due() and service.run_if_due() is False  # back to its interval
+    assert service.signals.ran.count == 3
 
 
 def test_a_failing_service_logs_counts_and_carries_on(

@@ -83,7 +83,6 @@ class Service(Generic[T]):
         self._thread: threading.Thread | None = None
         self._consecutive_failures = 0
         self.failures = 0  # every failed run_once, a metric
-        self.last_result: T | None = None
         self.signals = ServiceSignals()
 
     # -- the work ----------------------------------------------------------------------------
@@ -106,7 +105,6 @@ class Service(Generic[T]):
                 self.signals.failed.emit()
                 raise
             self._consecutive_failures = 0
-            self.last_result = result
         finally:
             self._lock.release()
         self.signals.ran.emit()
