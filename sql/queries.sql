@@ -893,7 +893,7 @@ SELECT set_config('statement_timeout', %(timeout)s, true);
 -- What /metrics exports from the database, in one statement, hence from one snapshot. Every part
 -- reads an index that holds only what it counts, so a scrape costs the same however much history
 -- retention keeps: the live runs and the queue (connection_runs_claimable), the runs finished in
--- the last `window_seconds` and their per-table record counts (connection_runs_finished), the
+-- the last `window_seconds` and their per-table record counts (connection_runs_retention), the
 -- dead letters (connection_runs_dead_letters), and the workers. Read-only.
 WITH live AS (
     SELECT kind, provider, status, count(*) AS count
