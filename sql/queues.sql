@@ -131,6 +131,17 @@ WITH done AS (
 )
 SELECT * FROM done;
 
+-- name: hand_back_attempt
+-- Graceful shutdown: an attempt stopped by it (or claimed and never started) goes back to its
+-- queue, due now, without spending an attempt. Fenced like complete_attempt.
+UPDATE jobs
+   SET status = CASE WHEN attempts > 1 THEN 'retrying' ELSE 'queued' END,
+       attempts = attempts - 1, run_after = coalesce(%(now)s, now()), expires_at = NULL,
+       deadline_at = NULL
+ WHERE id = %(job_id)s AND lease_owner = %(lease_owner)s AND status = 'active'
+   AND expires_at >= coalesce(%(now)s, now())
+RETURNING id, pg_notify(notify_channel(), 'job:' || origin_queue) AS woke;
+
 -- name: report_progress
 -- A handler's progress. Fenced like complete_attempt: a stale attempt reports nothing.
 UPDATE jobs

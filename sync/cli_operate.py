@@ -87,12 +87,20 @@ def worker(
     worker_id: str | None = typer.Option(
         None, "--id", metavar="ID", help="The worker's id (default: host-pid-random)."
     ),
+    apps: list[str] = typer.Option(
+        [],
+        "--app",
+        metavar="MODULE:FUNCTION",
+        help="An application's setup(queues): declares its queues, registers its handlers. "
+        "Repeatable; those installed under the entry points connector_sync.handlers load too.",
+    ),
 ) -> None:
     """Run a worker: claim runs and execute them one at a time until SIGTERM or Ctrl-C.
 
     Run as many as you like, on any machines; SIGTERM hands the running run back at once. It
     runs syncs of the providers installed when it starts (restart it after installing a
-    connector package)."""
+    connector package), and jobs of the application queues CONNECTOR_SYNC_LANES gives lanes
+    (QUEUE=N,...), N at a time per queue."""
     if worker_id is not None:
         check_name(worker_id, "worker")
     logging.basicConfig(
@@ -103,7 +111,7 @@ def worker(
     # One line per request is noise at INFO; the run's own log lines say what happened.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     with open_engine() as engine:
-        service = engine.worker(worker_id=worker_id, listen=not once)
+        service = engine.worker(worker_id=worker_id, listen=not once, apps=apps)
         session.announce()
         logging.getLogger("sync.worker").info(
             "worker %s runs providers: %s", service.id, ", ".join(service.providers) or "none"

@@ -30,6 +30,8 @@ import psycopg
 from sync.abort import AbortSignal
 from sync.db import Connection, connect, first_line
 from sync.queries import QUERIES
+from sync.queues.models import JobStatus
+from sync.queues.store import JobStore
 from sync.retry_policy import AbortReason
 from sync.settings import Settings
 
@@ -85,6 +87,24 @@ def read_run_control(conn: Connection, lease: Lease) -> Control:
 
 
 RUNS = LeaseKind("run", renew=renew_run, control=read_run_control)
+
+
+def renew_job(conn: Connection, lease: Lease, seconds: timedelta) -> bool:
+    """Extend an application job's attempt, never past the queue's expire; False: lost."""
+    return JobStore.renew(conn, lease.id, lease.owner, seconds)
+
+
+def read_job_control(conn: Connection, lease: Lease) -> Control:
+    found = JobStore.control(conn, lease.id, lease.owner)
+    if found is None or not found[1]:
+        return Control(AbortReason.LEASE_LOST)
+    status = found[0]
+    if status is JobStatus.CANCELLED:
+        return Control(AbortReason.CANCELLED)
+    return Control(None if status is JobStatus.ACTIVE else AbortReason.LEASE_LOST)
+
+
+JOBS = LeaseKind("job", renew=renew_job, control=read_job_control)
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,12 @@ class Settings(BaseSettings):
         "and ends failed.",
     )
 
+    lanes: str | None = Field(
+        default=None,
+        description="Lanes per application queue, QUEUE=N,...: how many jobs of each queue a "
+        "worker runs at once. Unset: the worker serves no application queue.",
+    )
+
     ui_token: SecretStr | None = Field(
         default=None,
         description="The operator page's access token; requests without it get 401.",

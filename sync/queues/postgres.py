@@ -375,8 +375,21 @@ class PostgresQueues(Queues, JobRunner):
                 if self._local.get(job.id, (None,))[0] == attempt.lease_owner:
                     del self._local[job.id]
 
+    def hand_back(self, attempt: Attempt) -> bool:
+        """An attempt claimed but not run, or stopped by a graceful shutdown, back to its
+        queue without spending an attempt; False if it had lost the job already."""
+        with self._local_lock:
+            if self._local.get(attempt.job.id, (None,))[0] == attempt.lease_owner:
+                del self._local[attempt.job.id]
+        return self.store.hand_back(attempt.job.id, attempt.lease_owner, self._now())
+
     def _end(self, attempt: Attempt, error: str | None) -> AttemptOutcome | None:
         job, owner, now = attempt.job, attempt.lease_owner, self._now()
+        if error is not None and attempt.signal.reason is AbortReason.SHUTDOWN:
+            # The handler stopped because the worker is stopping: not the job's failure.
+            if self.store.hand_back(job.id, owner, now):
+                log.info("job %s handed back at shutdown", job.id)
+            return None
         outcome = AttemptOutcome.COMPLETED if error is None else AttemptOutcome.FAILED
         decision = fate_after(outcome, attempts=job.attempts, queue=attempt.spec, rand=self._rand)
         if decision.fate is Fate.COMPLETE:

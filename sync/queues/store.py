@@ -247,6 +247,9 @@ class JobStore:
         row = self._one("bury_attempt", job_id=job_id, lease_owner=owner, error=error, now=now)
         return None if row is None else job_from_row(row)
 
+    def hand_back(self, job_id: int, owner: UUID, now: datetime | None) -> bool:
+        return self._one("hand_back_attempt", job_id=job_id, lease_owner=owner, now=now) is not None
+
     def report_progress(
         self, job_id: int, owner: UUID, processed: int, total: int | None, now: datetime | None
     ) -> bool:
@@ -260,8 +263,12 @@ class JobStore:
         )
         return row is not None
 
-    def renew(self, conn: Connection[Row], job_id: int, owner: UUID, lease: timedelta) -> bool:
-        row = self._one("renew_job_lease", conn, job_id=job_id, lease_owner=owner, lease=lease)
+    @staticmethod
+    def renew(conn: Connection[Row], job_id: int, owner: UUID, lease: timedelta) -> bool:
+        """Extend an attempt's lease on ``conn`` (the lease keeper's own); False if lost."""
+        row = conn.execute(
+            _q("renew_job_lease"), {"job_id": job_id, "lease_owner": owner, "lease": lease}
+        ).fetchone()
         return row is not None
 
     @staticmethod
