@@ -78,6 +78,15 @@ def grant(
 # -- workers -----------------------------------------------------------------------------------
 
 
+AppOption = typer.Option(
+    None,
+    "--app",
+    metavar="MODULE:FUNCTION",
+    help="An application's setup(queues): declares its queues, registers its handlers. "
+    "Repeatable; those installed under the entry points connector_sync.handlers load too.",
+)
+
+
 @app.command()
 @guarded
 def worker(
@@ -87,13 +96,7 @@ def worker(
     worker_id: str | None = typer.Option(
         None, "--id", metavar="ID", help="The worker's id (default: host-pid-random)."
     ),
-    apps: list[str] = typer.Option(
-        [],
-        "--app",
-        metavar="MODULE:FUNCTION",
-        help="An application's setup(queues): declares its queues, registers its handlers. "
-        "Repeatable; those installed under the entry points connector_sync.handlers load too.",
-    ),
+    apps: list[str] | None = AppOption,
 ) -> None:
     """Run a worker: claim runs and execute them one at a time until SIGTERM or Ctrl-C.
 
@@ -111,7 +114,7 @@ def worker(
     # One line per request is noise at INFO; the run's own log lines say what happened.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     with open_engine() as engine:
-        service = engine.worker(worker_id=worker_id, listen=not once, apps=apps)
+        service = engine.worker(worker_id=worker_id, listen=not once, apps=apps or ())
         session.announce()
         logging.getLogger("sync.worker").info(
             "worker %s runs providers: %s", service.id, ", ".join(service.providers) or "none"
