@@ -188,7 +188,17 @@ BEGIN
          ORDER BY j.expires_at, j.id
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED);
-    IF cardinality(v_ids) < p_limit THEN
+    -- One queue (what a lane claims) walks jobs_due in order and stops at the limit, however
+    -- long the backlog; several queues (tests, tools) take the oldest due among them.
+    IF cardinality(v_ids) < p_limit AND cardinality(p_queues) = 1 THEN
+        v_ids := v_ids || ARRAY(
+            SELECT j.id FROM jobs j
+             WHERE j.status IN ('queued', 'retrying') AND j.origin_queue = p_queues[1]
+               AND j.run_after <= v_now
+             ORDER BY j.run_after, j.id
+             LIMIT p_limit - cardinality(v_ids)
+               FOR UPDATE SKIP LOCKED);
+    ELSIF cardinality(v_ids) < p_limit THEN
         v_ids := v_ids || ARRAY(
             SELECT j.id FROM jobs j
              WHERE j.status IN ('queued', 'retrying') AND j.origin_queue = ANY (p_queues)

@@ -150,6 +150,7 @@ def workers_command(as_json: bool = JsonOption) -> None:
             Col("running", keep=7),
             Col("started", keep=2),
             Col("providers", text="fold", keep=3),
+            Col("lanes", text="fold", keep=4),
         ]
         rows: list[list[Cell]] = [
             [
@@ -162,6 +163,7 @@ def workers_command(as_json: bool = JsonOption) -> None:
                 f"#{w.current_run_id}" if w.current_run_id else "-",
                 when(w.started_at, seconds=False),
                 "any" if w.providers is None else ", ".join(w.providers) or "none",
+                ", ".join(f"{q}={n}" for q, n in (w.lanes or {}).items()) or "-",
             ]
             for w in found
         ]
