@@ -91,6 +91,24 @@ INSERT INTO job_attempts (job_id, attempt, queue, started_at, finished_at, outco
 SELECT id, attempts, queue, started_at, finished_at, 'completed', lease_owner FROM done
 RETURNING job_id;
 
+-- name: complete_attempts
+-- Many handlers returned: each job completed in one statement (a worker's lanes batch their
+-- completions). Fenced per job like complete_attempt; the ids of the jobs it completed.
+WITH ended (id, lease_owner) AS (
+    SELECT * FROM unnest(%(job_ids)s::bigint[], %(lease_owners)s::uuid[])
+), done AS (
+    UPDATE jobs j
+       SET status = 'completed', finished_at = coalesce(%(now)s, now()), expires_at = NULL,
+           deadline_at = NULL
+      FROM ended e
+     WHERE j.id = e.id AND j.lease_owner = e.lease_owner AND j.status = 'active'
+       AND j.expires_at >= coalesce(%(now)s, now())
+    RETURNING j.id, j.attempts, j.queue, j.started_at, j.finished_at, j.lease_owner
+)
+INSERT INTO job_attempts (job_id, attempt, queue, started_at, finished_at, outcome, lease_owner)
+SELECT id, attempts, queue, started_at, finished_at, 'completed', lease_owner FROM done
+RETURNING job_id;
+
 -- name: retry_attempt
 -- The handler raised and the job has attempts left: retrying, due after the delay. Fenced
 -- like complete_attempt.

@@ -10,7 +10,9 @@ worker's Listener calls :meth:`Lanes.wake`) or the poll interval. Every attempt'
 by the worker's one :class:`LeaseKeeper`, on a connection of its own, so lanes that hold every
 pooled connection never delay a renewal.
 
-Schedules of the application queues are fired here too, once a second, and finished jobs past
+A handler that returned has its job completed by :class:`Completions`, together with the others
+that returned meanwhile, so the lane claims again at once. Schedules of the application queues
+are fired here too, once a second, and finished jobs past
 their retention pruned once a minute."""
 
 from __future__ import annotations
@@ -91,6 +93,59 @@ class _Queue:
     threads: list[threading.Thread] = field(default_factory=list)
 
 
+class Completions:
+    """Completions of attempts whose handlers returned, written together: one thread flushes
+    whatever the lanes handed over while its previous flush ran, in one statement (as
+    graphile-worker batches its completions), so a lane goes back to claiming at once and
+    many short jobs share a commit."""
+
+    def __init__(self, queues: PostgresQueues) -> None:
+        self._queues = queues
+        self._cond = threading.Condition()
+        self._pending: list[Attempt] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.flushes = 0
+        self.failures = 0
+
+    def start(self) -> None:
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="lanes-completions", daemon=True)
+        self._thread.start()
+
+    def submit(self, attempt: Attempt) -> None:
+        with self._cond:
+            self._pending.append(attempt)
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopping:
+                    self._cond.wait()
+                batch, self._pending = self._pending, []
+                if not batch and self._stopping:
+                    return
+            for attempt in range(3):
+                try:
+                    self._queues.complete_many(batch)
+                    self.flushes += 1
+                    break
+                except Exception as exc:  # a lost connection: try again, then leave it
+                    self.failures += 1
+                    log.warning("completing %d job(s) failed: %s", len(batch), first_line(exc))
+                    if attempt == 2:  # their leases run out; a claim runs them again
+                        break
+                    time.sleep(CLAIM_BACKOFF[0])
+
+
 class Lanes:
     """A worker's lanes. ``start()`` them, ``wake(queue)`` on a NOTIFY, ``stop()`` at shutdown
     (running handlers see their abort signal tripped; claimed jobs not started go back)."""
@@ -113,6 +168,7 @@ class Lanes:
             self._groups[name] = _Queue(name, count, batch=policy is QueuePolicy.STANDARD)
         self._running: dict[int, Attempt] = {}
         self._running_lock = threading.Lock()
+        self.completions = Completions(queues)
         self._maintenance: threading.Thread | None = None
         self.attempts_run = 0
         self.claims = 0  # claim round trips
@@ -136,6 +192,7 @@ class Lanes:
     def start(self) -> None:
         self._stopping.clear()
         self._keeper.start()
+        self.completions.start()
         for group in self._groups.values():
             for number in range(1, group.lanes + 1):
                 thread = threading.Thread(
@@ -180,6 +237,7 @@ class Lanes:
             group.threads.clear()
             while group.claimed:
                 self._hand_back(group.claimed.popleft())
+        self.completions.stop()
         if self._maintenance is not None:
             self._maintenance.join(5)
 
@@ -256,7 +314,7 @@ class Lanes:
             Lease(job.id, attempt.lease_owner), attempt.signal, kind=JOBS, terms=terms
         )
         try:
-            self.queues.execute(attempt)
+            self.queues.execute(attempt, complete_later=self.completions.submit)
             self.attempts_run += 1
         finally:
             self._keeper.release(watch)

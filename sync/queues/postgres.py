@@ -344,10 +344,13 @@ class PostgresQueues(Queues, JobRunner):
             stale[1].trip(AbortReason.LEASE_LOST)
         return Attempt(claimed.job, claimed.lease_owner, claimed.spec, registration, signal)
 
-    def execute(self, attempt: Attempt) -> AttemptOutcome | None:
+    def execute(
+        self, attempt: Attempt, *, complete_later: Callable[[Attempt], object] | None = None
+    ) -> AttemptOutcome | None:
         """Run the attempt's handler and apply its end, fenced by the attempt's token; the
         outcome, or None when the attempt had lost the job by then (cancelled, taken back or
-        past its expiry) and its end changed nothing."""
+        past its expiry) and its end changed nothing. With ``complete_later``, a handler that
+        returned is handed to it (which calls :meth:`complete_many` soon, with others)."""
         job = attempt.job
         handle = AttemptHandle(
             attempt.signal,
@@ -369,11 +372,27 @@ class PostgresQueues(Queues, JobRunner):
                 )
             else:
                 error = None
+                if complete_later is not None:
+                    complete_later(attempt)
+                    return AttemptOutcome.COMPLETED
             return self._end(attempt, error)
         finally:
             with self._local_lock:
                 if self._local.get(job.id, (None,))[0] == attempt.lease_owner:
                     del self._local[job.id]
+
+    def complete_many(self, attempts: list[Attempt]) -> set[int]:
+        """Complete attempts whose handlers returned, in one statement, each fenced by its
+        token; the ids of the jobs completed (the others had lost their job)."""
+        done = self.store.complete_many([(a.job.id, a.lease_owner) for a in attempts], self._now())
+        for attempt in attempts:
+            if attempt.job.id not in done:
+                log.info(
+                    "job %s: attempt %s ended after it lost the job",
+                    attempt.job.id,
+                    attempt.job.attempts,
+                )
+        return done
 
     def hand_back(self, attempt: Attempt) -> bool:
         """An attempt claimed but not run, or stopped by a graceful shutdown, back to its

@@ -235,6 +235,16 @@ class JobStore:
     def complete(self, job_id: int, owner: UUID, now: datetime | None) -> bool:
         return self._one("complete_attempt", job_id=job_id, lease_owner=owner, now=now) is not None
 
+    def complete_many(self, attempts: list[tuple[int, UUID]], now: datetime | None) -> set[int]:
+        """Complete several attempts in one statement; the ids of the jobs it completed."""
+        rows = self._all(
+            "complete_attempts",
+            job_ids=[job_id for job_id, _ in attempts],
+            lease_owners=[owner for _, owner in attempts],
+            now=now,
+        )
+        return {r["job_id"] for r in rows}
+
     def retry(
         self, job_id: int, owner: UUID, error: str, delay: float, now: datetime | None
     ) -> bool:
