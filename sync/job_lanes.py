@@ -3,17 +3,18 @@ connection sync at a time. ``CONNECTOR_SYNC_LANES="knowledge.ingest=4,knowledge.
 each queue its lanes; each lane runs one job at a time, so a process runs up to that many jobs
 of the queue at once. A process with no lanes serves no queue and claims nothing.
 
-Per queue, one idle lane at a time is the *poller*: it claims for every idle lane of its queue
-at once (a batch, on a standard queue; one job, on an exclusive one), hands the rest of the
-batch to the other idle lanes, and when nothing is due waits for a NOTIFY of its queue (the
-worker's Listener calls :meth:`Lanes.wake`) or the poll interval. Every attempt's lease is held
-by the worker's one :class:`LeaseKeeper`, on a connection of its own, so lanes that hold every
-pooled connection never delay a renewal.
+Per queue, one idle lane at a time is the *poller*: on a standard queue it claims a batch, for
+every lane not running a handler and as many again to start while its next claim is on the way
+(each held by the lease keeper from the claim on); on an exclusive queue one job. It hands the
+rest of the batch to the other lanes as they come free, and when nothing is due waits for a
+NOTIFY of its queue (the worker's Listener calls :meth:`Lanes.wake`) or the poll interval.
+Every attempt's lease is held by the worker's one :class:`LeaseKeeper`, on a connection of its
+own, so lanes that hold every pooled connection never delay a renewal.
 
 A handler that returned has its job completed by :class:`Completions`, together with the others
 that returned meanwhile, so the lane claims again at once. Schedules of the application queues
-are fired here too, once a second, and finished jobs past
-their retention pruned once a minute."""
+are fired here too, once a second, and finished jobs past their retention pruned once a
+minute."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from importlib.metadata import entry_points
 
 from sync.db import first_line
 from sync.errors import InvalidInput
-from sync.lease import JOBS, Lease, LeaseKeeper, Terms
+from sync.lease import JOBS, Lease, LeaseKeeper, Terms, Watch
 from sync.queues.lanes import parse_lanes, served_queues
 from sync.queues.models import QueuePolicy
 from sync.queues.port import Queues
@@ -167,6 +168,7 @@ class Lanes:
             policy = queues.get_queue(name).policy
             self._groups[name] = _Queue(name, count, batch=policy is QueuePolicy.STANDARD)
         self._running: dict[int, Attempt] = {}
+        self._watches: dict[int, Watch] = {}  # the lease of every attempt claimed here
         self._running_lock = threading.Lock()
         self.completions = Completions(queues)
         self._maintenance: threading.Thread | None = None
@@ -278,10 +280,17 @@ class Lanes:
                 group.waiting += 1
                 group.cond.wait()
                 group.waiting -= 1
-            limit = group.waiting + 1 if group.batch else 1
+            # A standard queue claims for every lane not running a handler, and as many again
+            # to start while the next claim is on its way, so short jobs never wait for one.
+            if group.batch and group.lanes > 1:
+                limit = max(group.lanes - group.running + group.lanes - len(group.claimed), 1)
+            else:
+                limit = 1
             group.woken = False
         try:
             attempts = self.queues.claim([group.name], limit)
+            for attempt in attempts:  # held from the claim on, also while they wait a lane
+                self._watch(attempt)
             with self._claimed:
                 self.claims += 1
                 self._claimed.notify_all()
@@ -301,27 +310,42 @@ class Lanes:
             group.poller = False
             return None
 
+    def _watch(self, attempt: Attempt) -> None:
+        lease = min(self.queues.lease, attempt.spec.expire)
+        terms = Terms(lease, self.settings.control_interval, attempt.spec.expire)
+        watch = self._keeper.watch(
+            Lease(attempt.job.id, attempt.lease_owner), attempt.signal, kind=JOBS, terms=terms
+        )
+        with self._running_lock:
+            self._watches[attempt.job.id] = watch
+
+    def _unwatch(self, attempt: Attempt) -> None:
+        with self._running_lock:
+            watch = self._watches.pop(attempt.job.id, None)
+        if watch is not None:
+            self._keeper.release(watch)
+
     def _run(self, group: _Queue, attempt: Attempt) -> None:
-        if self._stopping.is_set():
+        if self._stopping.is_set() or attempt.signal.is_set:
             self._hand_back(attempt)
             return
         job = attempt.job
-        lease = min(self.queues.lease, attempt.spec.expire)
-        terms = Terms(lease, self.settings.control_interval, attempt.spec.expire)
         with self._running_lock:
             self._running[job.id] = attempt
-        watch = self._keeper.watch(
-            Lease(job.id, attempt.lease_owner), attempt.signal, kind=JOBS, terms=terms
-        )
+        with group.cond:
+            group.running += 1
         try:
             self.queues.execute(attempt, complete_later=self.completions.submit)
             self.attempts_run += 1
         finally:
-            self._keeper.release(watch)
+            self._unwatch(attempt)
+            with group.cond:
+                group.running -= 1
             with self._running_lock:
                 self._running.pop(job.id, None)
 
     def _hand_back(self, attempt: Attempt) -> None:
+        self._unwatch(attempt)
         try:
             self.queues.hand_back(attempt)
         except Exception as exc:  # its lease expires and another worker takes it
