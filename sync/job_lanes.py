@@ -303,7 +303,8 @@ class Lanes:
             if attempts:
                 group.poller = False
                 group.claimed.extend(attempts[1:])
-                group.cond.notify_all()
+                # As many waiting lanes as there are jobs for them, and one to claim next.
+                group.cond.notify(len(attempts))
                 return attempts[0]
             if not group.woken and not self._stopping.is_set():
                 group.cond.wait(self.settings.poll_interval)
