@@ -42,8 +42,8 @@ log = logging.getLogger("sync.lanes")
 HANDLERS_GROUP = "connector_sync.handlers"
 SCHEDULE_EVERY = 1.0
 PRUNE_EVERY = 60.0
-# A claim that failed (the database is down) is tried again after this, then less often.
-CLAIM_BACKOFF = (0.5, 30.0)
+# Seconds before a lane tries again after a claim or a completion failed (the database is down).
+RETRY_AFTER = 0.5
 
 Setup = Callable[[Queues], object]
 
@@ -144,7 +144,7 @@ class Completions:
                     log.warning("completing %d job(s) failed: %s", len(batch), first_line(exc))
                     if attempt == 2:  # their leases run out; a claim runs them again
                         break
-                    time.sleep(CLAIM_BACKOFF[0])
+                    time.sleep(RETRY_AFTER)
 
 
 class Lanes:
@@ -248,10 +248,6 @@ class Lanes:
         with self._claimed:
             return self._claimed.wait_for(lambda: self.claims >= count, timeout)
 
-    @property
-    def alive(self) -> bool:
-        return any(t.is_alive() for g in self._groups.values() for t in g.threads)
-
     # -- a lane ----------------------------------------------------------------------------
 
     def _lane(self, group: _Queue) -> None:
@@ -263,7 +259,7 @@ class Lanes:
             except Exception:  # a bug must not end the lane quietly: log it and go on
                 self.failures += 1
                 log.exception("lane of queue %s failed", group.name)
-                self._stopping.wait(CLAIM_BACKOFF[0])
+                self._stopping.wait(RETRY_AFTER)
 
     def _next(self, group: _Queue) -> Attempt | None:
         """The next attempt for this lane: one already claimed for it, or, as the queue's
@@ -298,7 +294,7 @@ class Lanes:
             self.failures += 1
             log.warning("claim of queue %s failed: %s", group.name, first_line(exc))
             attempts = []
-            self._stopping.wait(CLAIM_BACKOFF[0])
+            self._stopping.wait(RETRY_AFTER)
         with group.cond:
             if attempts:
                 group.poller = False
