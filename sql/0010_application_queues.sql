@@ -210,6 +210,15 @@ BEGIN
     IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
+    -- A claim need not wait for its WAL to reach the disk: a claim lost in a server crash
+    -- leaves its jobs claimable again, exactly as a worker that died would. The attempt's end
+    -- is committed durably, and its flush carries the claim along. A claim that dead-letters a
+    -- job stays durable, since the on_dead hook it leads to must not run twice.
+    IF NOT EXISTS (SELECT 1 FROM jobs j JOIN job_queues q ON q.name = j.origin_queue
+                    WHERE j.id = ANY (v_ids) AND j.status = 'active'
+                      AND j.attempts >= q.retry_limit + 1) THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
 
     RETURN QUERY
     WITH picked AS (
