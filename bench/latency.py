@@ -122,7 +122,7 @@ def sample(
     stretched by a random part of it, so enqueues land at random phases of the poll loop."""
     marks = Marks(proc)
     try:
-        if not marks.ready.wait(30):
+        if not marks.ready.wait(120):  # a loaded machine starts a worker slowly
             raise RuntimeError("the worker did not start")
         time.sleep(0.5)  # let it settle into its idle wait
         for _ in range(count):

@@ -1,20 +1,24 @@
 """What only the Postgres implementation of the application queues can show: senders in
-processes of their own racing for one singleton key, and the claim reading its partial indexes
-however many finished jobs retention keeps."""
+processes of their own racing for one singleton key, the claim reading its partial indexes
+however many finished jobs retention keeps, and every statement preparing."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 from typing import Any
 
 import pytest
 
 from sync import Engine, Settings
+from sync.queries import parse
 from sync.queues import QueuePolicy, queue_spec
+from sync.sqlfiles import sql_dir
 from tests.plans import explained, nodes
 
 SENDERS = 20
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
 def _send(settings: Settings, barrier: Any, results: Any) -> None:
@@ -85,3 +89,13 @@ def test_the_claim_reads_its_partial_indexes_with_100k_finished_jobs(
         # Neither the finished history, nor the other queue's backlog, nor this queue's backlog
         # past the limit is read.
         assert sum(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in scans) <= 10
+
+
+def test_every_statement_of_the_queues_prepares(engine: Engine, admin: Any) -> None:
+    """PREPARE checks every name and type in a statement of sql/queues.sql without running
+    it, also the statements no other test reaches."""
+    for name, query in parse((sql_dir() / "queues.sql").read_text()).items():
+        params = sorted(set(_PLACEHOLDER.findall(query.text)))
+        numbered = _PLACEHOLDER.sub(lambda m, p=params: f"${p.index(m.group(1)) + 1}", query.text)
+        admin.execute(f"PREPARE check_{name} AS {numbered}")
+        admin.execute(f"DEALLOCATE check_{name}")
