@@ -7,11 +7,13 @@ by another worker process, and completed once."""
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from sync.job_lanes import Lanes
 from sync.lease import LeaseKeeper
 from sync.queues import Abort, Job, JobStatus, QueuePolicy, queue_spec
 from sync.queues.postgres import PostgresQueues
+from sync.worker import Listener
 from tests.conftest import make_settings
 from tests.test_fencing import wait_for
 from tests.test_lease_keeper import Ticks
@@ -246,3 +249,25 @@ def test_a_job_of_a_killed_worker_is_taken_back_after_its_lease_and_completed_on
     assert [a.outcome.value if a.outcome else None for a in attempts] == ["expired", "completed"]
     started = attempts[1].started_at
     assert attempts[0].finished_at == started  # taken back by the claim that started attempt 2
+
+
+def test_a_job_sent_wakes_the_lanes_of_its_queue_only(engine: Engine) -> None:
+    engine.queues.declare_queue(queue_spec("docs.a"))
+    engine.queues.declare_queue(queue_spec("docs.b"))
+    woken: queue.Queue[str | None] = queue.Queue()
+    runs_wake = threading.Event()
+    url = engine.settings.database_url
+    assert url is not None
+    listener = Listener(engine.settings, url, runs_wake, on_job=woken.put)
+    listener.start()
+    try:
+        assert woken.get(timeout=WAIT) is None  # connected: every lane looks once
+        runs_wake.clear()
+        engine.queues.send("docs.a", {})
+        engine.queues.send("docs.a", {}, start_after=timedelta(hours=1))  # not due: no wake
+        engine.queues.send("docs.b", {})
+        assert [woken.get(timeout=WAIT), woken.get(timeout=WAIT)] == ["docs.a", "docs.b"]
+    finally:
+        listener.stop()
+    assert woken.empty()
+    assert not runs_wake.is_set()  # the syncs' loop was not woken by the jobs
