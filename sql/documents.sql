@@ -45,7 +45,8 @@ DELETE FROM document_chunks
 SELECT count(*) AS chunks FROM document_chunks WHERE document_id = %(document_id)s;
 
 -- name: search_chunks
--- The best chunks of one workspace for a query, never another workspace's: the `candidates`
+-- The best chunks of one workspace for a query, never another workspace's, of ready documents
+-- only (one being indexed, or indexed again, is not searched until it is ready): the `candidates`
 -- best by full-text rank (any of the query's words) and the `candidates` nearest by vector (of
 -- the query's model only), fused by reciprocal rank: score = sum of 1 / (rrf_k + rank) over
 -- the two lists a chunk is in. Ties are broken by document and chunk index, so the order is
@@ -59,7 +60,9 @@ WITH query AS (
 ),
 by_text AS (
     SELECT c.document_id, c.chunk_index, ts_rank_cd(c.tsv, q.tsq) AS text_rank
-      FROM document_chunks c, query q
+      FROM document_chunks c
+      JOIN documents d ON d.id = c.document_id AND d.status = 'ready'
+     CROSS JOIN query q
      WHERE c.workspace_id = %(workspace_id)s AND c.tsv @@ q.tsq
      ORDER BY text_rank DESC, c.document_id, c.chunk_index
      LIMIT %(candidates)s
@@ -68,6 +71,7 @@ by_vector AS (
     SELECT c.document_id, c.chunk_index,
            document_similarity(c.embedding, %(vector)s::real[]) AS similarity
       FROM document_chunks c
+      JOIN documents d ON d.id = c.document_id AND d.status = 'ready'
      WHERE c.workspace_id = %(workspace_id)s AND c.embedding_model = %(model)s
        AND (%(scan_all)s OR (c.document_id, c.chunk_index) IN (SELECT document_id, chunk_index
                                                                  FROM by_text))
@@ -90,7 +94,8 @@ fused AS (
       FROM ranked_vector v FULL JOIN ranked_text t USING (document_id, chunk_index)
 )
 SELECT f.document_id, d.name AS document_name, f.chunk_index, c.page, c.text,
-       f.score::float8 AS score, f.similarity, f.text_rank::float8 AS text_rank
+       f.score::float8 AS score, f.similarity, f.text_rank::float8 AS text_rank,
+       d.scope, d.connection_id, d.table_name, d.external_id, d.local_path, d.member_path
   FROM fused f
   JOIN document_chunks c USING (document_id, chunk_index)
   JOIN documents d ON d.id = f.document_id

@@ -27,6 +27,7 @@ from sync.db import Pool, describe, open_pool
 from sync.embedded import data_dir, embedded_url
 from sync.errors import Conflict, InvalidInput, NotFound, describe_validation_error
 from sync.executor import budget_key_of
+from sync.ingestions.api import IngestionsApi
 from sync.job_lanes import install_handlers
 from sync.migrations import Migration, check_schema, grant, migrate
 from sync.models import Attempt, Connection, Record, Run, WorkerInfo, Workspace
@@ -48,7 +49,7 @@ from sync.worker import Worker
 log = logging.getLogger("sync")
 
 
-class Engine:
+class Engine(IngestionsApi):
     """Entry point of the Python API. Close it (or use it as a context manager) when done."""
 
     def __init__(

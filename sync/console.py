@@ -24,6 +24,8 @@ Cell = str | Text
 
 STATUS_STYLE = {
     "succeeded": "green",
+    "ready": "green",
+    "skipped": "dim",
     "partial": "yellow",
     "failed": "red",
     "cancelled": "magenta",

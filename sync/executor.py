@@ -21,7 +21,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from tenacity import (
     Retrying,
     retry_if_exception_type,
@@ -29,7 +29,6 @@ from tenacity import (
     wait_random_exponential,
 )
 
-import connectors
 from connectors.base import Connector, Mode, Table
 from connectors.context import CachedResponse
 from connectors.errors import (
@@ -43,9 +42,11 @@ from connectors.errors import (
 from sync import redact
 from sync.abort import AbortSignal
 from sync.checkpoints import RunCheckpoints, seen_keys_intact
+from sync.connector_setup import ConnectorSetupError, connector_inputs
 from sync.db import Pool, first_line
-from sync.errors import LeaseLost, SecretsError, describe_validation_error
+from sync.errors import LeaseLost
 from sync.http_cache import HttpCache
+from sync.ingestions.store import queue_file_ingestions
 from sync.lease import Control, Lease, LeaseKeeper
 from sync.progress import RunProgress
 from sync.queries import QUERIES
@@ -387,6 +388,11 @@ class Executor:
                     before.get(table.name),
                 )
                 logger.info("table %s %s %s", table.name, result.status.value, result.to_json())
+                if table.files and result.status in (TableStatus.SUCCEEDED, TableStatus.PARTIAL):
+                    # New and changed files are queued for ingestion; deleted ones dropped.
+                    queue_file_ingestions(
+                        self._pool, run.lease, run.connection_id, table.name, run.max_attempts
+                    )
                 attempt[table.name] = result
                 totals[table.name] = merged(before.get(table.name), result)
                 if result.status is not TableStatus.SUCCEEDED:
@@ -447,24 +453,11 @@ class Executor:
         checkpoints: RunCheckpoints,
     ) -> tuple[Connector, RunContext]:
         try:
-            cls = connectors.get(run.provider)
-        except connectors.UnknownProvider as exc:
-            raise _StopAttempt({"kind": "config", "message": str(exc)}) from None
-        try:
-            config = cls.config_model.model_validate(run.config or {})
-        except ValidationError as exc:
-            raise _StopAttempt(
-                {"kind": "config", "message": describe_validation_error(exc)}
-            ) from None
-        credentials: dict[str, Any] = {}
-        if run.credentials is not None:
-            if self._secrets is None:
-                raise _StopAttempt({"kind": "config", "message": "no secret key is configured"})
-            try:
-                credentials = self._secrets.decrypt(run.credentials)
-            except SecretsError as exc:
-                raise _StopAttempt({"kind": "config", "message": str(exc)}) from None
-            redact.register(credentials)
+            cls, config, credentials = connector_inputs(
+                run.provider, run.config, run.credentials, self._secrets
+            )
+        except ConnectorSetupError as exc:
+            raise _StopAttempt(exc.error) from None
         assert run.connection_id is not None
         cursors = dict(run.cursors or {})
         context = RunContext(

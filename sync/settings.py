@@ -74,6 +74,20 @@ class Settings(BaseSettings):
         "worker runs at once. Unset: the worker serves no application queue.",
     )
 
+    # Ingestions: files made searchable (see docs/documents.md).
+    ingestion_batch_size: int = Field(
+        default=200, ge=1, description="Chunks embedded and written per fenced batch."
+    )
+    ingestion_timeout_seconds: float = Field(
+        default=6 * 3600.0, gt=0, description="Seconds one attempt of an ingestion may take."
+    )
+    archive_reclaim_seconds: float = Field(
+        default=900.0,
+        gt=0,
+        description="Seconds after which an archive expansion still processing (its worker "
+        "died) is taken by another worker.",
+    )
+
     ui_token: SecretStr | None = Field(
         default=None,
         description="The operator page's access token; requests without it get 401.",

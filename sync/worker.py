@@ -34,6 +34,7 @@ import connectors
 from sync.db import Pool, connect, first_line
 from sync.errors import Conflict
 from sync.executor import ClaimedRun, Executor
+from sync.ingestions.stage import IngestionStage
 from sync.job_lanes import Lanes
 from sync.lease import LeaseKeeper
 from sync.migrations import check_schema
@@ -194,10 +195,15 @@ class Worker:
         if queues is not None:
             lanes = self._lanes.served if self._lanes is not None else {}
             queues.store.set_worker_lanes(self.id, self.incarnation, lanes)
+        self.ingestions = IngestionStage(
+            pool, settings, secrets, self._keeper, self.id, self.providers,
+            stopping=lambda: self._stop_requested, runs_executed=lambda: self.runs_executed,
+        )  # fmt: skip
         self._stages: list[tuple[str, Callable[[], bool]]] = [
             ("heartbeat", self._heartbeat),
             ("schedules", self._enqueue_schedules),
             ("claim", self._claim_and_execute),
+            ("ingestions", self.ingestions.poll),
             ("sweep", self._sweep),
         ]
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import stat
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -57,7 +57,7 @@ class _Budget:
 
 def expand_zip(
     path: Path, limits: DocumentLimits, *, name: str = "the archive"
-) -> Iterator[ArchiveMember]:
+) -> Generator[ArchiveMember, None, None]:
     """The member files of the ZIP at ``path``, in archive order, nested archives expanded."""
     yield from _expand(path, limits, _Budget(limits), name=name, prefix="", depth=0)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from sync.documents.chunking import Chunk
 from sync.documents.embeddings import Embedder, Vector, words
@@ -41,6 +41,14 @@ def _q(name: str) -> sql.SQL:
     return _queries()[name]
 
 
+def _first(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> tuple[Any, ...]:
+    """The first row of a statement as a tuple, whatever the connection's row factory."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(_q(name), params).fetchone()
+    assert row is not None
+    return row
+
+
 class VectorStorage(StrEnum):
     PGVECTOR = "vector"
     ARRAY = "real[]"
@@ -48,8 +56,7 @@ class VectorStorage(StrEnum):
 
 def vector_storage(conn: psycopg.Connection[Any]) -> VectorStorage:
     """How this schema stores embeddings: chosen once, when its migration ran."""
-    row = conn.execute(_q("vector_storage")).fetchone()
-    assert row is not None
+    row = _first(conn, "vector_storage", {})
     return VectorStorage(row[0])
 
 
@@ -57,10 +64,9 @@ def add_document(
     conn: psycopg.Connection[Any], workspace_id: int, name: str, media_type: str
 ) -> int:
     """A new document of ``workspace_id``; returns its id."""
-    row = conn.execute(
-        _q("add_document"), {"workspace_id": workspace_id, "name": name, "media_type": media_type}
-    ).fetchone()
-    assert row is not None
+    row = _first(
+        conn, "add_document", {"workspace_id": workspace_id, "name": name, "media_type": media_type}
+    )
     return int(row[0])
 
 
@@ -104,8 +110,7 @@ def delete_chunks_from(conn: psycopg.Connection[Any], document_id: int, tail: in
 
 
 def count_chunks(conn: psycopg.Connection[Any], document_id: int) -> int:
-    row = conn.execute(_q("count_chunks"), {"document_id": document_id}).fetchone()
-    assert row is not None
+    row = _first(conn, "count_chunks", {"document_id": document_id})
     return int(row[0])
 
 
@@ -119,6 +124,14 @@ class SearchHit:
     score: float  # reciprocal-rank fusion of the two lists below
     similarity: float | None  # cosine similarity, when among the vector candidates
     text_rank: float | None  # ts_rank_cd, when among the full-text candidates
+    # Where the document comes from, when an ingestion made it: a synced file of a connection's
+    # table, or a local file; a member of an archive has its path in it.
+    scope: str | None = None
+    connection_id: int | None = None
+    table_name: str | None = None
+    external_id: str | None = None
+    local_path: str | None = None
+    member_path: str = ""
 
 
 def search(

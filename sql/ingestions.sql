@@ -1,0 +1,381 @@
+-- Named statements of ingestions (sync/ingestions/store.py), in the format of queries.sql. An
+-- ingestion's writes are fenced by its lease owner: each statement re-checks, on the ingestion
+-- row, the owner, status 'running' and a live lease, and locks the row until commit, so no
+-- claim can slip between the check and the write. An archive expansion has no lease; its
+-- writes are guarded by the processing_since its claim stamped instead.
+
+
+-- name: queue_file_ingestions
+-- The end of a files table's sync, fenced by the run: every live file whose record's content
+-- hash differs from the one last queued (file_sources) gets a queued ingestion (or updates the
+-- pending one, whose finish then sees the record moved on); an unchanged file gets none. A
+-- tombstoned file's documents (and so their chunks) are deleted, its queued ingestions
+-- cancelled and its running one asked to stop.
+WITH fence AS (
+    SELECT r.workspace_id FROM connection_runs r
+     WHERE r.id = %(run_id)s AND r.lease_owner = %(lease_owner)s AND r.status = 'running'
+       AND r.lease_expires_at > now()
+       FOR SHARE
+), changed AS (
+    SELECT rec.external_id, rec.content_hash
+      FROM fence, records rec
+      LEFT JOIN file_sources s
+             ON s.connection_id = rec.connection_id AND s.table_name = rec.table_name
+            AND s.external_id = rec.external_id
+     WHERE rec.connection_id = %(connection_id)s AND rec.table_name = %(table_name)s
+       AND rec.deleted_at IS NULL
+       AND s.content_hash IS DISTINCT FROM rec.content_hash
+), remembered AS (
+    INSERT INTO file_sources (connection_id, table_name, external_id, content_hash)
+    SELECT %(connection_id)s, %(table_name)s, c.external_id, c.content_hash FROM changed c
+    ON CONFLICT (connection_id, table_name, external_id) DO UPDATE
+       SET content_hash = EXCLUDED.content_hash, queued_at = now()
+), queued AS (
+    INSERT INTO ingestions (workspace_id, source, connection_id, table_name, external_id,
+                            source_hash, max_attempts)
+    SELECT f.workspace_id, 'file', %(connection_id)s, %(table_name)s, c.external_id,
+           c.content_hash, %(max_attempts)s
+      FROM changed c, fence f
+    ON CONFLICT (source_key, member_path)
+       WHERE status IN ('queued', 'running') AND source_key IS NOT NULL
+    DO UPDATE SET source_hash = EXCLUDED.source_hash
+    RETURNING 1
+), gone AS (
+    DELETE FROM file_sources s
+     USING records rec, fence
+     WHERE s.connection_id = %(connection_id)s AND s.table_name = %(table_name)s
+       AND rec.connection_id = s.connection_id AND rec.table_name = s.table_name
+       AND rec.external_id = s.external_id AND rec.deleted_at IS NOT NULL
+    RETURNING s.external_id
+), gone_documents AS (
+    DELETE FROM documents d
+     USING gone g
+     WHERE d.connection_id = %(connection_id)s AND d.table_name = %(table_name)s
+       AND d.external_id = g.external_id
+    RETURNING d.id
+), stopped AS (
+    UPDATE ingestions i
+       SET status = CASE WHEN i.status = 'queued' THEN 'cancelled' ELSE i.status END,
+           finished_at = CASE WHEN i.status = 'queued' THEN now() END,
+           cancel_requested_at = coalesce(i.cancel_requested_at, now()),
+           error = jsonb_build_object('kind', 'file_deleted',
+                                      'message', 'the file was deleted upstream')
+      FROM gone g
+     WHERE i.source_key = file_source_key(%(connection_id)s, %(table_name)s, g.external_id,
+                                          NULL, NULL)
+       AND i.status IN ('queued', 'running')
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM queued) AS queued,
+       (SELECT count(*) FROM gone_documents) AS deleted, (SELECT count(*) FROM stopped) AS stopped;
+
+-- name: queue_local_ingestion
+-- Queues the ingestion of a local file of a workspace that is not deleted; one already pending
+-- for that path is returned, updated to the bytes now on disk.
+INSERT INTO ingestions (workspace_id, source, local_path, name, scope, source_hash,
+                        content_sha256, max_attempts)
+SELECT w.id, 'local', %(path)s, %(name)s, %(scope)s, %(source_hash)s, NULL, %(max_attempts)s
+  FROM workspaces w
+ WHERE w.id = %(workspace_id)s AND w.deleted_at IS NULL
+ON CONFLICT (source_key, member_path)
+   WHERE status IN ('queued', 'running') AND source_key IS NOT NULL
+DO UPDATE SET source_hash = EXCLUDED.source_hash
+RETURNING *;
+
+-- name: claim_ingestion
+-- The claim of one document ingestion (claim_ingestion_v1), with its connection, in one round
+-- trip. Invariant: one live lease per ingestion, its owner a fresh fencing token.
+SELECT i.*, c.provider, c.config, c.credentials, c.status AS connection_status, c.budget_key
+  FROM claim_ingestion_v1(%(worker_id)s, %(lease)s, %(providers)s) i
+  LEFT JOIN connections c ON c.id = i.connection_id;
+
+-- name: claim_archive
+-- The claim of one archive expansion (claim_archive_v1), with its connection.
+SELECT i.*, c.provider, c.config, c.credentials, c.status AS connection_status, c.budget_key
+  FROM claim_archive_v1(%(worker_id)s, %(reclaim_after)s, %(providers)s) i
+  LEFT JOIN connections c ON c.id = i.connection_id;
+
+-- name: renew_ingestion_lease
+-- Extends the lease of an ingestion this claim still owns. Zero rows: the lease is lost (it
+-- expired, or another worker claimed the ingestion) and the worker stops at once. An expired
+-- lease is never revived: another worker may already be claiming it.
+UPDATE ingestions SET lease_expires_at = now() + %(lease)s
+ WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+   AND lease_expires_at > now()
+RETURNING lease_expires_at;
+
+-- name: read_ingestion_control
+-- What the lease keeper polls: no row means the lease is lost; stop means a cancel was asked
+-- for, or the file's connection is gone or being deleted.
+SELECT i.cancel_requested_at IS NOT NULL
+       OR (i.source = 'file' AND NOT EXISTS (
+               SELECT 1 FROM connections c
+                WHERE c.id = i.connection_id AND c.status <> 'deleting')) AS cancel_requested,
+       (SELECT b.blocked_until FROM connections c JOIN rate_budgets b ON b.key = c.budget_key
+         WHERE c.id = i.connection_id AND b.blocked_until > now()) AS budget_blocked_until
+  FROM ingestions i
+ WHERE i.id = %(ingestion_id)s AND i.lease_owner = %(lease_owner)s AND i.status = 'running'
+   AND i.lease_expires_at > now();
+
+-- name: file_record
+-- The stored record of a synced file, tombstoned or not (no row: never synced, or purged).
+SELECT data, content_hash, deleted_at FROM records
+ WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s
+   AND external_id = %(external_id)s;
+
+-- name: document_of_source
+-- The document a file (or an archive member) is indexed into, if it has one yet.
+SELECT id, status, scope, version, content_sha256, indexed_with, chunks FROM documents
+ WHERE source_key = file_source_key(%(connection_id)s, %(table_name)s, %(external_id)s,
+                                    %(workspace_id)s, %(local_path)s)
+   AND member_path = %(member_path)s;
+
+-- name: begin_ingestion
+-- An attempt's first write, fenced: the file's document (made now if it has none) is marked
+-- indexing, and the ingestion records it, the file's name and scope, the SHA-256 of the bytes
+-- it indexes and how many chunks they make. Its processed_units is kept when the bytes are
+-- those an earlier attempt worked on (it resumes there), and set to 0 when they differ: the
+-- chunks of other bytes are another list.
+WITH fence AS (
+    SELECT i.* FROM ingestions i
+     WHERE i.id = %(ingestion_id)s AND i.lease_owner = %(lease_owner)s AND i.status = 'running'
+       AND i.lease_expires_at > now()
+       FOR NO KEY UPDATE
+), doc AS (
+    INSERT INTO documents AS d (workspace_id, name, media_type, connection_id, table_name,
+                                external_id, local_path, member_path, scope, status)
+    SELECT f.workspace_id, %(name)s, %(media_type)s, f.connection_id, f.table_name,
+           f.external_id, f.local_path, f.member_path, %(scope)s, 'indexing'
+      FROM fence f
+    ON CONFLICT (source_key, member_path) WHERE source_key IS NOT NULL DO UPDATE
+       SET status = 'indexing', name = EXCLUDED.name, media_type = EXCLUDED.media_type
+    RETURNING d.id
+)
+UPDATE ingestions i
+   SET document_id = doc.id, name = %(name)s, scope = %(scope)s,
+       content_sha256 = %(content_sha256)s, total_units = %(total_units)s,
+       processed_units = CASE WHEN i.content_sha256 IS NOT DISTINCT FROM %(content_sha256)s
+                              THEN least(i.processed_units, %(total_units)s) ELSE 0 END,
+       results = i.results || %(results)s
+  FROM doc
+ WHERE i.id = %(ingestion_id)s
+RETURNING i.processed_units, i.document_id;
+
+-- name: record_ingestion_batch
+-- The fence of one batch's transaction, and its checkpoint: the new processed_units, written
+-- only while this claim holds the ingestion, with the row locked until the batch's chunks are
+-- written in the same transaction. Zero rows: the lease is lost. cancel_requested: stop here.
+UPDATE ingestions SET processed_units = %(processed_units)s
+ WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+   AND lease_expires_at > now()
+RETURNING cancel_requested_at IS NOT NULL AS cancel_requested;
+
+-- name: fence_ingestion
+-- Locks an ingestion this claim still holds, for a fenced write that follows in the same
+-- transaction. Zero rows: the lease is lost.
+SELECT id FROM ingestions
+ WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+   AND lease_expires_at > now()
+   FOR NO KEY UPDATE;
+
+-- name: finish_ingestion
+-- Marks the file's document ready, fenced, and only under the scope it was indexed for: a
+-- synced file's record must still hold the content hash the attempt described (so the same
+-- name, scope and version) and be live, and its connection must still exist in the
+-- ingestion's workspace, not being deleted. fenced = 0: the lease is lost; finished = 0 with
+-- fenced = 1: the file changed or moved meanwhile, and nothing was marked ready.
+WITH fence AS (
+    SELECT i.* FROM ingestions i
+     WHERE i.id = %(ingestion_id)s AND i.lease_owner = %(lease_owner)s AND i.status = 'running'
+       AND i.lease_expires_at > now()
+       FOR NO KEY UPDATE
+), still AS (
+    SELECT f.id FROM fence f
+     WHERE f.source = 'local'
+        OR (EXISTS (SELECT 1 FROM connections c
+                     WHERE c.id = f.connection_id AND c.workspace_id = f.workspace_id
+                       AND c.status <> 'deleting')
+            AND EXISTS (SELECT 1 FROM records r
+                         WHERE r.connection_id = f.connection_id
+                           AND r.table_name = f.table_name AND r.external_id = f.external_id
+                           AND r.deleted_at IS NULL
+                           AND r.content_hash = %(record_hash)s))
+), doc AS (
+    UPDATE documents d
+       SET status = 'ready', ready_at = now(), name = %(name)s, scope = %(scope)s,
+           version = %(version)s, content_sha256 = %(content_sha256)s,
+           source_hash = %(source_hash)s, indexed_with = %(indexed_with)s,
+           chunks = %(total_units)s
+      FROM still
+     WHERE d.id = %(document_id)s
+    RETURNING d.id
+), done AS (
+    UPDATE ingestions i
+       SET status = 'ready', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
+           document_id = doc.id,
+           processed_units = %(total_units)s, scope = %(scope)s, name = %(name)s,
+           results = i.results || %(results)s, error = NULL
+      FROM doc
+     WHERE i.id = %(ingestion_id)s
+    RETURNING i.id
+)
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM done) AS finished;
+
+-- name: end_ingestion
+-- Ends an ingestion skipped, failed or cancelled, fenced: a stale worker ends nothing.
+UPDATE ingestions
+   SET status = %(status)s, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
+       processing_since = NULL, error = %(error)s, results = results || %(results)s
+ WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+RETURNING id;
+
+-- name: requeue_ingestion
+-- A retryable failure: the same row back to the queue after the delay, lease cleared, its
+-- processed_units kept for the next attempt; fenced. A rate limit's wait spends no attempt. A
+-- cancel asked for meanwhile ends it cancelled instead.
+UPDATE ingestions
+   SET status = CASE WHEN cancel_requested_at IS NULL THEN 'queued' ELSE 'cancelled' END,
+       attempts = CASE WHEN %(spend_attempt)s THEN attempts ELSE greatest(attempts - 1, 0) END,
+       finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE now() END,
+       queued_at = now() + make_interval(secs => %(delay_seconds)s),
+       lease_owner = NULL, lease_expires_at = NULL, error = %(error)s
+ WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+RETURNING status;
+
+-- name: hand_back_ingestion
+-- A graceful shutdown, or a file that changed while it was indexed: back to the queue at
+-- once without spending an attempt, processed_units kept; fenced.
+UPDATE ingestions
+   SET status = 'queued', queued_at = now(), attempts = greatest(attempts - 1, 0),
+       lease_owner = NULL, lease_expires_at = NULL
+ WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+RETURNING id;
+
+-- name: hand_over_to_archive
+-- The file is an archive: the same row becomes an archive expansion, queued at once without
+-- spending an attempt; fenced.
+UPDATE ingestions
+   SET kind = 'archive', status = 'queued', queued_at = now(),
+       attempts = greatest(attempts - 1, 0), lease_owner = NULL, lease_expires_at = NULL,
+       name = %(name)s, scope = %(scope)s
+ WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+RETURNING id;
+
+-- name: lock_ingestion_credentials
+-- Locks the connection's row for a credential refresh, once this claim is known to still hold
+-- the ingestion (which stays locked until the save): two jobs never spend one single-use
+-- refresh token, and a stale worker never refreshes.
+WITH fence AS (
+    SELECT id FROM ingestions
+     WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+       AND lease_expires_at > now()
+       FOR SHARE
+)
+SELECT c.credentials FROM connections c, fence
+ WHERE c.id = %(connection_id)s
+   FOR UPDATE OF c;
+
+-- name: expand_archive
+-- An archive's members, queued, and the archive ready, in one statement guarded by the
+-- processing_since the claim stamped (a reclaimed expansion's old worker writes nothing) and
+-- by the absence of a cancel request.
+-- Members whose document already holds their bytes, indexed the same way and ready, are not
+-- queued; documents of members the archive no longer holds are deleted.
+WITH guard AS (
+    SELECT i.* FROM ingestions i
+     WHERE i.id = %(ingestion_id)s AND i.status = 'running' AND i.kind = 'archive'
+       AND i.processing_since = %(processing_since)s AND i.cancel_requested_at IS NULL
+       FOR NO KEY UPDATE
+), members AS (
+    SELECT m.path, m.sha256, m.name
+      FROM unnest(%(paths)s::text[], %(sha256s)s::text[], %(names)s::text[]) AS m (path, sha256, name)
+), fresh AS (
+    SELECT m.* FROM members m, guard g
+     WHERE NOT EXISTS (
+               SELECT 1 FROM documents d
+                WHERE d.source_key = g.source_key AND d.member_path = m.path
+                  AND d.status = 'ready' AND d.content_sha256 = m.sha256
+                  AND d.indexed_with = %(indexed_with)s)
+), queued AS (
+    INSERT INTO ingestions (workspace_id, source, connection_id, table_name, external_id,
+                            local_path, member_path, archive_id, archive_sha256, source_hash,
+                            name, scope, max_attempts)
+    SELECT g.workspace_id, g.source, g.connection_id, g.table_name, g.external_id, g.local_path,
+           m.path, g.id, %(archive_sha256)s, decode(m.sha256, 'hex'), m.name, %(scope)s,
+           g.max_attempts
+      FROM fresh m, guard g
+    ON CONFLICT (source_key, member_path)
+       WHERE status IN ('queued', 'running') AND source_key IS NOT NULL
+    DO UPDATE SET source_hash = EXCLUDED.source_hash, archive_id = EXCLUDED.archive_id,
+                  archive_sha256 = EXCLUDED.archive_sha256
+    RETURNING 1
+), dropped AS (
+    DELETE FROM documents d
+     USING guard g
+     WHERE d.source_key = g.source_key AND d.member_path <> ''
+       AND d.member_path <> ALL (%(paths)s::text[])
+    RETURNING 1
+), done AS (
+    UPDATE ingestions i
+       SET status = 'ready', finished_at = now(), processing_since = NULL, error = NULL,
+           name = %(name)s, scope = %(scope)s, content_sha256 = %(archive_sha256)s,
+           processed_units = %(members)s, total_units = %(members)s,
+           results = i.results || %(results)s
+      FROM guard g
+     WHERE i.id = g.id
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM done) AS finished, (SELECT count(*) FROM queued) AS queued,
+       (SELECT count(*) FROM dropped) AS dropped;
+
+-- name: end_archive
+-- Ends an archive expansion failed or cancelled (a refused archive: the error says why), or
+-- hands it back to the queue (status queued, after a delay; spend_attempt false for a
+-- shutdown), guarded by its processing_since.
+UPDATE ingestions
+   SET status = %(status)s,
+       finished_at = CASE WHEN %(status)s = 'queued' THEN NULL ELSE now() END,
+       queued_at = CASE WHEN %(status)s = 'queued'
+                        THEN now() + make_interval(secs => %(delay_seconds)s) ELSE queued_at END,
+       attempts = CASE WHEN %(spend_attempt)s THEN attempts ELSE greatest(attempts - 1, 0) END,
+       processing_since = NULL, error = %(error)s, results = results || %(results)s
+ WHERE id = %(ingestion_id)s AND status = 'running' AND kind = 'archive'
+   AND processing_since = %(processing_since)s
+RETURNING id;
+
+-- name: cancel_ingestion
+-- A queued ingestion is cancelled at once; a running one is asked to stop (its worker ends it
+-- within a batch). Scoped to a workspace when one is given.
+UPDATE ingestions
+   SET status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
+       finished_at = CASE WHEN status = 'queued' THEN now() ELSE finished_at END,
+       cancel_requested_at = coalesce(cancel_requested_at, now()),
+       error = CASE WHEN status = 'queued'
+                    THEN jsonb_build_object('kind', 'cancelled',
+                                            'message', 'a cancel was requested')
+                    ELSE error END
+ WHERE id = %(ingestion_id)s AND status IN ('queued', 'running')
+   AND (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s)
+RETURNING *;
+
+-- name: get_ingestion
+-- One ingestion, scoped to a workspace when one is given.
+SELECT * FROM ingestions
+ WHERE id = %(ingestion_id)s
+   AND (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s);
+
+-- name: list_ingestions
+-- Recent ingestions, newest first, of one workspace (or all), one status (or all), and the
+-- members of one archive (or all).
+SELECT * FROM ingestions
+ WHERE (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s)
+   AND (%(status)s::text IS NULL OR status = %(status)s)
+   AND (%(archive_id)s::bigint IS NULL OR archive_id = %(archive_id)s)
+ ORDER BY id DESC
+ LIMIT %(limit)s;
+
+-- name: commit_asynchronously
+-- A batch's transaction commits without waiting for its WAL flush: a crash can lose a suffix of
+-- batches with their checkpoints, never a checkpoint without its chunks, and the finish commits
+-- synchronously after them (see "Durability" in docs/architecture.md).
+SELECT set_config('synchronous_commit', 'off', true);

@@ -1,0 +1,1 @@
+"""Ingestions: files made searchable by checkpointed jobs (see docs/documents.md)."""

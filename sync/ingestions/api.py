@@ -1,0 +1,132 @@
+"""The ingestions part of the Python API, mixed into ``sync.api.Engine``: index a local file,
+follow and cancel ingestions, and search a workspace's documents. Like the rest of the API, an
+engine scoped to a workspace sees and changes only that workspace's ingestions."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from sync.db import Pool
+from sync.documents import HashingEmbedder, SearchHit
+from sync.documents import search as search_chunks
+from sync.errors import Conflict, InvalidInput, NotFound
+from sync.ingestions import store
+from sync.ingestions.models import Ingestion, IngestionStatus
+from sync.settings import Settings
+
+MAX_LIMIT = 1000
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while block := stream.read(1024 * 1024):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class IngestionsApi:
+    pool: Pool
+    settings: Settings
+    _workspace_id: int | None
+
+    def ingest(self, path: str | Path, workspace_id: int) -> Ingestion:
+        """Queue the ingestion of a local file into a workspace (or return the one already
+        queued or running for that path). A worker indexes it as it indexes a synced file; it
+        reads the path on its own machine, so run one where the file is."""
+        self._check_workspace(workspace_id)
+        file = Path(path).expanduser().resolve()
+        if not file.is_file():
+            raise InvalidInput(f"{path} is not a file; give the path of a file to index")
+        try:
+            sha256 = file_sha256(file)
+        except OSError as exc:
+            raise InvalidInput(f"{path} cannot be read ({exc.strerror or exc})") from None
+        with self.pool.connection() as conn:
+            row = store.queue_local_ingestion(
+                conn,
+                workspace_id=workspace_id,
+                path=str(file),
+                name=file.name,
+                scope=f"local:{file.parent}",
+                sha256=sha256,
+                max_attempts=self.settings.max_attempts,
+            )
+        if row is None:
+            raise NotFound(f"no workspace {workspace_id} (or it was deleted)")
+        return Ingestion.from_row(row)
+
+    def ingestion(self, ingestion_id: int) -> Ingestion:
+        with self.pool.connection() as conn:
+            row = store.get(conn, ingestion_id, self._workspace_id)
+        if row is None:
+            raise NotFound(
+                f"no ingestion {ingestion_id}; list them with `connector-sync ingestions list`"
+            )
+        return Ingestion.from_row(row)
+
+    def ingestions(
+        self,
+        *,
+        workspace_id: int | None = None,
+        status: IngestionStatus | str | None = None,
+        archive_id: int | None = None,
+        limit: int = 50,
+    ) -> list[Ingestion]:
+        """Recent ingestions, newest first; ``archive_id``: the members of that archive."""
+        if status is not None:
+            try:
+                status = IngestionStatus(status)
+            except ValueError:
+                allowed = ", ".join(s.value for s in IngestionStatus)
+                raise InvalidInput(f"status must be one of {allowed}") from None
+        with self.pool.connection() as conn:
+            rows = store.listing(
+                conn,
+                workspace_id=self._scope_of(workspace_id),
+                status=status.value if status else None,
+                archive_id=archive_id,
+                limit=max(1, min(limit, MAX_LIMIT)),
+            )
+        return [Ingestion.from_row(r) for r in rows]
+
+    def cancel_ingestion(self, ingestion_id: int) -> Ingestion:
+        """Cancel a queued ingestion at once, or ask a running one to stop: its worker ends it
+        before it writes another batch."""
+        with self.pool.connection() as conn:
+            row = store.cancel(conn, ingestion_id, self._workspace_id)
+        if row is None:
+            current = self.ingestion(ingestion_id)  # raises NotFound
+            raise Conflict(
+                f"ingestion {ingestion_id} has already ended ({current.status}); only a queued "
+                "or running ingestion can be cancelled"
+            )
+        return Ingestion.from_row(row)
+
+    def search(
+        self, query: str, workspace_id: int | None = None, *, limit: int = 10
+    ) -> list[SearchHit]:
+        """The ``limit`` chunks of the workspace's ready documents that best match ``query``,
+        best first: full-text rank and vector similarity combined. Each hit names its file and
+        page."""
+        workspace = self._scope_of(workspace_id)
+        if workspace is None:
+            raise InvalidInput("say which workspace to search")
+        if not query.strip():
+            raise InvalidInput("the query is empty; give a few words to search for")
+        if not 1 <= limit <= MAX_LIMIT:
+            raise InvalidInput(f"limit must be between 1 and {MAX_LIMIT}")
+        with self.pool.connection() as conn:
+            return search_chunks(conn, workspace, query, HashingEmbedder(), limit=limit)
+
+    def _scope_of(self, workspace_id: int | None) -> int | None:
+        if self._workspace_id is None:
+            return workspace_id
+        if workspace_id not in (None, self._workspace_id):
+            raise NotFound(f"no workspace {workspace_id}")
+        return self._workspace_id
+
+    def _check_workspace(self, workspace_id: int) -> None:
+        if self._workspace_id is not None and workspace_id != self._workspace_id:
+            raise NotFound(f"no workspace {workspace_id}")

@@ -1,0 +1,187 @@
+"""The engine's side of :class:`connectors.ConnectorContext` for one attempt of an ingestion
+(or an archive expansion): what a connector's ``download`` needs, with every write it can make
+(a refreshed token) fenced by the ingestion's lease instead of a run's.
+
+A download has no cursor, no position and no ETag cache: it fetches the content of one stored
+record. The abort signal is the ingestion's, tripped by its lease keeper (lost, cancelled,
+timed out) and by the worker's shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from connectors.base import Connector
+from connectors.context import CachedResponse
+from connectors.errors import PermanentError
+from sync import redact
+from sync.abort import AbortSignal
+from sync.db import Pool
+from sync.errors import LeaseLost
+from sync.executor import budget_key_of
+from sync.ingestions import store
+from sync.lease import Control, Lease
+from sync.queries import QUERIES
+from sync.retry_policy import AbortReason
+from sync.secrets import SecretBox
+
+
+class JobLog(logging.LoggerAdapter[logging.Logger]):
+    """Every line about an ingestion says which one, its attempt and the worker."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        context = self.extra or {}
+        kwargs["extra"] = {**context, **kwargs.get("extra", {})}
+        tags = " ".join(f"{key}={value}" for key, value in context.items())
+        return f"{msg} [{tags}]", kwargs
+
+
+class Stopper:
+    """The abort signal of one attempt, also tripped (as a shutdown) once the worker is
+    stopping, whoever asks first."""
+
+    def __init__(self, abort: AbortSignal, stopping: Callable[[], bool]) -> None:
+        self.abort = abort
+        self._stopping = stopping
+
+    @property
+    def is_set(self) -> bool:
+        if not self.abort.is_set and self._stopping():
+            self.abort.trip(AbortReason.SHUTDOWN)
+        return self.abort.is_set
+
+    def check(self) -> None:
+        if self.is_set:
+            self.abort.check()
+
+
+class IngestionContext:
+    """A connector context for downloading one file of a connection."""
+
+    def __init__(
+        self,
+        *,
+        lease: Lease | None,
+        connection_id: int,
+        provider: str,
+        budget_key: str | None,
+        connector_class: type[Connector],
+        config: BaseModel,
+        credentials: Mapping[str, Any],
+        stopper: Stopper,
+        pool: Pool,
+        secrets: SecretBox | None,
+        max_inline_wait: float,
+        logger: logging.LoggerAdapter[logging.Logger],
+    ) -> None:
+        self._lease = lease  # None for an archive expansion, which holds no lease
+        self._connection_id = connection_id
+        self._provider = provider
+        self._budget_key = budget_key
+        self._connector_class = connector_class
+        self._config = config
+        self._credentials = credentials
+        self._stopper = stopper
+        self._pool = pool
+        self._secrets = secrets
+        self._max_inline_wait = max_inline_wait
+        self._logger = logger
+        self._blocked_until: datetime | None = None
+
+    @property
+    def config(self) -> BaseModel:
+        return self._config
+
+    @property
+    def credentials(self) -> Mapping[str, Any]:
+        return self._credentials
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        return self._logger
+
+    def cursor(self, table: str, partition: str | None = None) -> Any | None:
+        return None
+
+    def position(self, table: str, partition: str | None = None) -> Any | None:
+        return None
+
+    def cached_response(self, url: str) -> CachedResponse | None:
+        return None
+
+    def store_response(self, url: str, response: CachedResponse) -> None:
+        return None
+
+    @property
+    def aborted(self) -> bool:
+        return self._stopper.is_set
+
+    def check_abort(self) -> None:
+        self._stopper.check()
+
+    def sleep(self, seconds: float) -> None:
+        if self._stopper.abort.wait(seconds):
+            self._stopper.check()
+        self._stopper.check()
+
+    @property
+    def max_inline_wait(self) -> float:
+        return self._max_inline_wait
+
+    def learn(self, control: Control) -> None:
+        """What the lease keeper's control read says of the connection's rate budget."""
+        until = control.budget_blocked_until
+        if until is not None and (self._blocked_until is None or until > self._blocked_until):
+            self._blocked_until = until
+
+    def refresh_credentials(
+        self, refresh: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    ) -> Mapping[str, Any]:
+        if self._secrets is None:
+            raise PermanentError("no secret key is configured, so credentials cannot be saved")
+        if self._lease is None:
+            raise PermanentError("an archive expansion holds no lease to refresh credentials under")
+        with self._pool.connection() as conn, conn.transaction():
+            row = store.lock_credentials(conn, self._lease, self._connection_id)
+            if row is None:
+                raise LeaseLost()
+            current = self._secrets.decrypt(row["credentials"]) if row["credentials"] else {}
+            fresh = dict(refresh(current))
+            redact.register(fresh)
+            if fresh != current:
+                conn.execute(
+                    QUERIES.save_credentials,
+                    {
+                        "connection_id": self._connection_id,
+                        "credentials": self._secrets.encrypt(fresh),
+                        "budget_key": budget_key_of(
+                            self._connector_class, self._provider, self._config, fresh
+                        ),
+                        "reconnect": False,
+                    },
+                )
+                self._logger.info("credentials refreshed and saved")
+        self._credentials = fresh
+        return fresh
+
+    def report_rate_limit(self, until: datetime, reason: str) -> None:
+        if self._blocked_until is None or until > self._blocked_until:
+            self._blocked_until = until
+        if self._budget_key is None:
+            return
+        with self._pool.connection() as conn:
+            conn.execute(
+                QUERIES.block_rate_budget,
+                {"key": self._budget_key, "blocked_until": until, "reason": redact.redact(reason)},
+            )
+
+    def rate_limited_until(self) -> datetime | None:
+        until = self._blocked_until
+        if until is not None and until <= datetime.now(UTC):
+            return None
+        return until

@@ -1,0 +1,386 @@
+"""One attempt of a document ingestion, the recipe, every write fenced by the ingestion's lease
+owner:
+
+1. describe the file (its record, through its connector); an archive is handed to the archive
+   expansion; a file whose version is indexed already (moved or renamed) needs no download;
+2. fetch its bytes to a temporary file, extract them page by page and count the one ordered,
+   deterministic list of chunks they make: ``total_units``; start at ``processed_units`` (0 if
+   these bytes are not the ones an earlier attempt worked on);
+3. per batch of ``ingestion_batch_size`` (200) chunks: check control, embed, and in one
+   transaction write the new ``processed_units`` (the fence, which also says whether a cancel
+   came) and upsert the batch keyed by chunk index; the lease keeper renews meanwhile;
+4. delete the chunks past the new tail that a longer earlier version left;
+5. read the file's record again: if it moved (another scope) or changed, it is not marked
+   ready under what it was; the finish marks it ready only if the record is still the one it
+   read, in the same statement.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from connectors.errors import Aborted, RetryableError
+from sync.abort import AbortSignal
+from sync.db import Pool, first_line
+from sync.documents import (
+    DocumentLimits,
+    Embedder,
+    Extraction,
+    MediaType,
+    SpooledFile,
+    chunks,
+    media_type_of,
+    upsert_chunks,
+)
+from sync.documents.store import delete_chunks_from
+from sync.errors import LeaseLost
+from sync.ingestions import store
+from sync.ingestions.context import JobLog, Stopper
+from sync.ingestions.decisions import Next, after_failure
+from sync.ingestions.sources import FileInfo, Source, SourceGone
+from sync.lease import Lease, LeaseKeeper, Terms
+from sync.retry_policy import AbortReason
+from sync.secrets import SecretBox
+from sync.settings import Settings
+
+log = logging.getLogger("sync.ingestions")
+
+COUNT_CHECK_EVERY = 1000  # chunks counted between two looks at the abort signal
+
+
+def indexed_with(embedder: Embedder, limits: DocumentLimits) -> str:
+    """What the stored chunks depend on besides the bytes: the embedding model and the chunk
+    settings. A document indexed otherwise is indexed again."""
+    return f"{embedder.model}/chars={limits.chunk_chars}/overlap={limits.chunk_overlap}"
+
+
+class DocumentJob:
+    """Runs claimed document ingestions, one at a time."""
+
+    def __init__(
+        self,
+        *,
+        pool: Pool,
+        settings: Settings,
+        secrets: SecretBox | None,
+        keeper: LeaseKeeper,
+        worker_id: str,
+        embedder: Embedder,
+        limits: DocumentLimits,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self._pool = pool
+        self._settings = settings
+        self._secrets = secrets
+        self._keeper = keeper
+        self._worker_id = worker_id
+        self.embedder = embedder
+        self.limits = limits
+        self._stopping = stopping
+
+    def run(self, job: dict[str, Any]) -> str:
+        """One attempt of a claimed ingestion; returns what became of it."""
+        lease = store.owner_of(job)
+        abort = AbortSignal()
+        stopper = Stopper(abort, self._stopping)
+        logger = JobLog(
+            log, {"ingestion": job["id"], "attempt": job["attempts"], "worker": self._worker_id}
+        )
+        source = Source(
+            job,
+            pool=self._pool,
+            secrets=self._secrets,
+            limits=self.limits,
+            stopper=stopper,
+            max_inline_wait=self._settings.max_inline_wait,
+            logger=logger,
+            lease=lease,
+        )
+
+        def learn(control: Any) -> None:
+            if source.context is not None:
+                source.context.learn(control)
+
+        s = self._settings
+        terms = Terms(s.lease_seconds, s.control_interval, s.ingestion_timeout_seconds)
+        watch = self._keeper.watch(
+            lease, abort, kind=store.INGESTIONS, terms=terms, on_control=learn, logger=logger
+        )
+        logger.info(
+            "ingestion of %s started (attempt %d of %d)",
+            source.job["name"] or source.job["local_path"] or source.job["external_id"],
+            job["attempts"],
+            job["max_attempts"],
+        )
+        try:
+            return self._attempt(job, lease, source, stopper, logger)
+        except Exception as exc:
+            return self._after(job, lease, exc, abort, logger)
+        finally:
+            self._keeper.release(watch)
+
+    # -- the recipe ---------------------------------------------------------------------------
+
+    def _attempt(
+        self,
+        job: dict[str, Any],
+        lease: Lease,
+        source: Source,
+        stopper: Stopper,
+        logger: logging.LoggerAdapter[logging.Logger],
+    ) -> str:
+        info = source.describe()
+        if info is None:
+            with self._pool.connection() as conn:
+                store.end(conn, lease, "skipped", results={"skipped": "the record is not a file"})
+            logger.info("skipped: the record is not a file")
+            return "skipped"
+        if not job["member_path"] and info.is_archive:
+            with self._pool.connection() as conn:
+                if not store.hand_over_to_archive(conn, lease, name=info.name, scope=info.scope):
+                    raise LeaseLost()
+            logger.info("%s is an archive: handed to the archive expansion", info.name)
+            return "archive"
+        fingerprint = indexed_with(self.embedder, self.limits)
+        with self._pool.connection() as conn:
+            document = store.document_of(conn, job)
+        indexed = (
+            document is not None
+            and document["status"] == "ready"
+            and document["indexed_with"] == fingerprint
+        )
+        if (
+            indexed
+            and info.version is not None
+            and document
+            and document["version"] == info.version
+        ):
+            # Only the record changed (the file moved or was renamed): its chunks stand.
+            logger.info("version %s is indexed already: no download", info.version)
+            return self._finish(
+                job, lease, source, info, document["id"], document["content_sha256"],
+                document["chunks"], {"reused": True}, logger,
+            )  # fmt: skip
+        with source.bytes_to_index() as spooled:
+            stopper.check()
+            if indexed and document and document["content_sha256"] == spooled.sha256:
+                logger.info("these bytes are indexed already: nothing embedded")
+                return self._finish(
+                    job, lease, source, info, document["id"], spooled.sha256,
+                    document["chunks"], {"reused": True}, logger,
+                )  # fmt: skip
+            return self._index(job, lease, source, info, spooled, stopper, logger)
+
+    def _index(
+        self,
+        job: dict[str, Any],
+        lease: Lease,
+        source: Source,
+        info: FileInfo,
+        spooled: SpooledFile,
+        stopper: Stopper,
+        logger: logging.LoggerAdapter[logging.Logger],
+    ) -> str:
+        with spooled.path.open("rb") as probe:
+            head = probe.read(8)
+        media = media_type_of(info.name, info.media_type, head)
+        # The first pass counts the chunks (and meets every cap before anything is written).
+        counted = Extraction(spooled.path, media, self.limits, name=info.name)
+        total = 0
+        for total, _ in enumerate(chunks(counted, self.limits, name=info.name), start=1):
+            if total % COUNT_CHECK_EVERY == 0:
+                stopper.check()
+        pages = {"pages": counted.pages, "skipped_pages": counted.skipped_pages}
+        with self._pool.connection() as conn:
+            begun = store.begin(
+                conn,
+                lease,
+                name=info.name,
+                media_type=media.value,
+                scope=info.scope,
+                content_sha256=spooled.sha256,
+                total_units=total,
+                results=pages,
+            )
+        if begun is None:
+            raise LeaseLost()
+        start = begun.processed_units
+        size = self._settings.ingestion_batch_size
+        if start:
+            logger.info(
+                "resumes at chunk %d of %d (batch %d), where an earlier attempt left it",
+                start,
+                total,
+                start // size + 1,
+            )
+        self._write_batches(
+            lease, begun.document_id, spooled, media, info, start, total, stopper, logger
+        )
+        with self._pool.connection() as conn, conn.transaction():
+            if not store.fence(conn, lease):
+                raise LeaseLost()
+            dropped = delete_chunks_from(conn, begun.document_id, total)
+        if dropped:
+            logger.info("deleted %d chunk(s) past the new end of the document", dropped)
+        return self._finish(
+            job, lease, source, info, begun.document_id, spooled.sha256, total,
+            {**pages, "tail_deleted": dropped}, logger,
+        )  # fmt: skip
+
+    def _write_batches(
+        self,
+        lease: Lease,
+        document_id: int,
+        spooled: SpooledFile,
+        media: MediaType,
+        info: FileInfo,
+        start: int,
+        total: int,
+        stopper: Stopper,
+        logger: logging.LoggerAdapter[logging.Logger],
+    ) -> None:
+        extraction = Extraction(spooled.path, media, self.limits, name=info.name)
+        made = itertools.islice(chunks(extraction, self.limits, name=info.name), start, None)
+        size = self._settings.ingestion_batch_size
+        processed = start
+        with self._pool.connection() as conn:
+            while True:
+                stopper.check()  # the control read: lost, cancelled, timed out, shutting down
+                batch = list(itertools.islice(made, size))
+                if not batch:
+                    return
+                vectors = self.embedder.embed([c.text for c in batch])
+                logger.info("embedded chunks %d-%d of %d", batch[0].index, batch[-1].index, total)
+                with conn.transaction():
+                    store.commit_asynchronously(conn)
+                    cancel = store.record_batch(conn, lease, processed + len(batch))
+                    if cancel is None:
+                        raise LeaseLost()
+                    if cancel:  # rolled back with this transaction: not a chunk more
+                        stopper.abort.trip(AbortReason.CANCELLED)
+                        stopper.check()
+                    upsert_chunks(conn, document_id, batch, vectors, model=self.embedder.model)
+                processed += len(batch)
+
+    def _finish(
+        self,
+        job: dict[str, Any],
+        lease: Lease,
+        source: Source,
+        info: FileInfo,
+        document_id: int,
+        sha256: str,
+        total: int,
+        results: dict[str, Any],
+        logger: logging.LoggerAdapter[logging.Logger],
+    ) -> str:
+        """Mark the document ready under the file's scope as it is now, never as it was."""
+        fingerprint = indexed_with(self.embedder, self.limits)
+        for _ in range(3):
+            current = source.describe() if not source.is_local else info
+            if current is None:
+                raise SourceGone("the record is no longer a file")
+            if current.record_hash != info.record_hash:
+                if current.version is None or current.version != info.version:
+                    # The content may have changed meanwhile: the next attempt sees its bytes.
+                    with self._pool.connection() as conn:
+                        store.hand_back(conn, lease)
+                    logger.info("the file changed while it was indexed: queued again")
+                    return "queued"
+                if current.scope != info.scope:
+                    logger.info(
+                        "the file moved from %s to %s while it was indexed: ready under %s only",
+                        info.scope,
+                        current.scope,
+                        current.scope,
+                    )
+            hashed = (
+                current.record_hash if current.record_hash is not None else bytes.fromhex(sha256)
+            )
+            with self._pool.connection() as conn:
+                done = store.finish(
+                    conn,
+                    lease,
+                    document_id=document_id,
+                    record_hash=current.record_hash,
+                    name=current.name,
+                    scope=current.scope,
+                    version=info.version,
+                    content_sha256=sha256,
+                    source_hash=hashed,
+                    indexed_with=fingerprint,
+                    total_units=total,
+                    results=results,
+                )
+            if not done.fenced:
+                raise LeaseLost()
+            if done.finished:
+                logger.info("ready: %d chunk(s) of %s under %s", total, current.name, current.scope)
+                return "ready"
+            info = FileInfo(
+                info.name, info.scope, info.media_type, info.version, current.record_hash
+            )
+            # The record moved on between the read and the finish: read it again.
+        with self._pool.connection() as conn:
+            store.hand_back(conn, lease)
+        return "queued"
+
+    # -- an attempt that ended early ------------------------------------------------------------
+
+    def _after(
+        self,
+        job: dict[str, Any],
+        lease: Lease,
+        exc: Exception,
+        abort: AbortSignal,
+        logger: logging.LoggerAdapter[logging.Logger],
+    ) -> str:
+        reason = abort.reason
+        if isinstance(exc, LeaseLost) or reason is AbortReason.LEASE_LOST:
+            logger.warning("stopped: the lease was lost, so this attempt writes nothing more")
+            return "lost"
+        try:
+            with self._pool.connection() as conn:
+                if reason is AbortReason.SHUTDOWN:
+                    store.hand_back(conn, lease)
+                    logger.info("handed back at shutdown")
+                    return "queued"
+                if reason is AbortReason.CANCELLED:
+                    error = {"kind": "cancelled", "message": "a cancel was requested"}
+                    store.end(conn, lease, "cancelled", error=error)
+                    logger.info("cancelled")
+                    return "cancelled"
+                if isinstance(exc, SourceGone):
+                    error = {"kind": "file_deleted", "message": str(exc)}
+                    store.end(conn, lease, "cancelled", error=error)
+                    logger.info("cancelled: %s", exc)
+                    return "cancelled"
+                if reason is AbortReason.TIMEOUT:
+                    exc = RetryableError("the ingestion exceeded its timeout")
+                elif isinstance(exc, Aborted):
+                    exc = RetryableError("the attempt was interrupted")
+                decision = after_failure(
+                    exc,
+                    attempts=job["attempts"],
+                    max_attempts=job["max_attempts"],
+                    schedule=self._settings.backoff_seconds,
+                    jitter=self._settings.backoff_jitter,
+                )
+                if decision.error["kind"] == "internal":
+                    logger.exception("ingestion failed unexpectedly")
+                if decision.next is Next.REQUEUE:
+                    ended = store.requeue(
+                        conn, lease, decision.delay, decision.error,
+                        spend_attempt=decision.spend_attempt,
+                    )  # fmt: skip
+                    logger.info("retrying in %.1f s: %s", decision.delay, decision.error["message"])
+                    return ended or "lost"
+                store.end(conn, lease, decision.next.value, error=decision.error)
+                logger.warning("%s: %s", decision.next.value, decision.error["message"])
+                return decision.next.value
+        except Exception as failure:  # its lease runs out and another worker takes it
+            logger.warning("could not record how the ingestion ended: %s", first_line(failure))
+            return "lost"

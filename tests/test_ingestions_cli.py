@@ -1,0 +1,144 @@
+"""`connector-sync ingest`, `search` and `ingestions list|show|cancel`: a local file indexed
+by a worker process while `ingest --wait` shows its progress, hits with their file and page,
+output that fits 80 columns, --json, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from sync.ingestions.models import Ingestion, IngestionKind, IngestionStatus
+from tests.cli_backends import Backend, Cli
+from tests.conftest import DATABASE_URL
+from tests.ingestion_support import chunk_count, write_text
+
+
+@pytest.fixture
+def cli(schema: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
+    env: dict[str, str | None] = {"DATABASE_URL": DATABASE_URL, "CONNECTOR_SYNC_SCHEMA": schema}
+    backend = Backend("database_url", env, schema, None)
+    backend.engine().close()
+    return Cli(backend, capsys, monkeypatch)
+
+
+def narrow(text: str) -> None:
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+
+
+def test_ingest_wait_search_and_the_ingestion_in_detail(cli: Cli, tmp_path: Path) -> None:
+    cli("workspaces", "create", "site").ok()
+    path = write_text(tmp_path / "site walk.txt", paragraphs=60)
+    total = chunk_count(path)
+    worker = cli.worker(CONNECTOR_SYNC_POLL_INTERVAL="0.2")
+    try:
+        waited = cli("ingest", str(path), "-w", "site", "--wait", columns=80).ok()
+    finally:
+        assert worker.stop() == 0
+    narrow(waited.out)
+    assert f"ingestion #1 ready: {total:,} chunks" in waited.out
+
+    hits = cli("search", "guardrail anchor", "-w", "site", "--limit", "3", "--json").json()
+    assert len(hits) == 3 and hits[0]["file"] == "site walk.txt"
+    assert hits[0]["page"] == 1 and hits[0]["score"] >= hits[-1]["score"] > 0
+    assert hits[0]["local_path"] == str(path)
+    shown = cli("search", "guardrail anchor", "-w", "site", columns=80).ok().out
+    narrow(shown)
+    assert shown.startswith("1. site walk.txt  page 1, chunk ")
+
+    listed = cli("ingestions", "list", columns=80).ok().out
+    narrow(listed)
+    assert "#1" in listed and "ready" in listed and f"{total:,}/{total:,}" in listed
+    detail = cli("ingestions", "show", "1", columns=80).ok().out
+    narrow(detail)
+    for needle in ("site walk.txt", "ready", "1 of 3", f"{total:,} of {total:,} embedded"):
+        assert needle in detail
+    as_json = cli("ingestions", "show", "1", "--json").json()
+    assert as_json["status"] == "ready" and as_json["total_units"] == total
+    assert as_json["members"] == []
+
+    ended = cli("ingestions", "cancel", "1")
+    ended.one_line_error("ingestion 1 has already ended (ready)")
+
+
+def test_a_queued_ingestion_is_cancelled_at_once(cli: Cli, tmp_path: Path) -> None:
+    cli("workspaces", "create", "site").ok()
+    queued = cli("ingest", str(write_text(tmp_path / "a.txt", 5)), "-w", "site", "--json").json()
+    assert queued["status"] == "queued" and queued["attempts"] == 0
+    assert cli("ingestions", "cancel", str(queued["id"])).ok().out.strip() == (
+        f"ingestion #{queued['id']} cancelled"
+    )
+    shown = cli("ingestions", "show", str(queued["id"]), "--json").json()
+    assert shown["status"] == "cancelled" and shown["error"]["kind"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["ingest", "/no/such/file.txt", "-w", "site"], ["/no/such/file.txt is not a file"]),
+        (["ingest", "{file}"], ["say which workspace: -w WORKSPACE"]),
+        (["ingest", "{file}", "-w", "nowhere"], ["no workspace named 'nowhere'"]),
+        (["search", "  ", "-w", "site"], ["the query is empty"]),
+        (["search", "steel"], ["say which workspace"]),
+        (["ingestions", "show", "99"], ["no ingestion 99"]),
+        (["ingestions", "cancel", "99"], ["no ingestion 99"]),
+        (["ingestions", "list", "--status", "done"], ["status must be one of"]),
+        (["ingestions", "show", "x"], ["invalid value for 'INGESTION'"]),
+    ],
+)
+def test_mistakes_are_one_line_and_exit_2(
+    cli: Cli, tmp_path: Path, args: list[str], needles: list[str]
+) -> None:
+    cli("workspaces", "create", "site").ok()
+    file = write_text(tmp_path / "a.txt", 2)
+    result = cli(*(str(file) if a == "{file}" else a for a in args))
+    result.one_line_error(*needles)
+
+
+def _ingestion(**changes: object) -> Ingestion:
+    now = datetime.now(UTC)
+    base = Ingestion(
+        id=1, workspace_id=1, kind=IngestionKind.DOCUMENT, status=IngestionStatus.QUEUED,
+        source="local", connection_id=None, table_name=None, external_id=None,
+        local_path="/tmp/a.txt", member_path="", archive_id=None, name="a.txt", scope=None,
+        document_id=None, content_sha256=None, attempts=0, max_attempts=3, queued_at=now,
+        started_at=None, finished_at=None, worker_id=None, lease_owner=None,
+        lease_expires_at=None, processing_since=None, cancel_requested_at=None,
+        processed_units=0, total_units=None, results={}, error=None,
+    )  # fmt: skip
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_describe_ingestion() -> None:
+    from sync.cli_documents import describe_ingestion
+
+    now = datetime.now(UTC)
+    assert describe_ingestion(_ingestion(), workers_alive=0, now=now) == (
+        "queued; no worker is running: start one with `connector-sync worker`"
+    )
+    resumes = _ingestion(attempts=1, processed_units=400, queued_at=now - timedelta(seconds=1))
+    assert describe_ingestion(resumes, workers_alive=2, now=now) == (
+        "queued, waiting for a worker, resumes at chunk 400"
+    )
+    retry = _ingestion(
+        attempts=1, queued_at=now + timedelta(seconds=30),
+        error={"kind": "retryable", "message": "the endpoint answered 503"},
+    )  # fmt: skip
+    assert describe_ingestion(retry, workers_alive=1, now=now).startswith(
+        "retrying in 30s (attempt 2 of 3) after retryable: the endpoint answered 503"
+    )
+    running = _ingestion(
+        status=IngestionStatus.RUNNING, attempts=2, processed_units=600, total_units=1_000,
+        cancel_requested_at=now,
+    )  # fmt: skip
+    assert describe_ingestion(running, workers_alive=1, now=now) == (
+        "running attempt 2 of 3: 600 of 1,000 chunks, cancel requested"
+    )
+    failed = _ingestion(
+        status=IngestionStatus.FAILED, error={"kind": "archive_refused", "message": "a.zip: bomb"}
+    )
+    assert describe_ingestion(failed, workers_alive=1, now=now) == (
+        "failed: archive_refused: a.zip: bomb"
+    )
