@@ -298,6 +298,12 @@ class Worker:
 
     def _install_signal_handlers(self) -> None:
         def handle(signum: int, frame: FrameType | None) -> None:
+            # A handler runs in the main thread between two of its bytecodes, perhaps while
+            # that thread holds a lock stop() needs (inside the wake event's set(), or a log
+            # call): stop from a thread of its own, which waits for the lock instead.
+            threading.Thread(target=stop, args=(signum,), name="signal", daemon=True).start()
+
+        def stop(signum: int) -> None:
             log.info("received %s: finishing up", signal.Signals(signum).name)
             self.stop()
 
