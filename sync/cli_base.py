@@ -55,28 +55,41 @@ INTERRUPTED = 130
 RUN_STATUSES = ("waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled")
 
 
-def _without_flag_placeholders(params: Sequence[Any]) -> None:
+def _without_type_placeholders(params: Sequence[Any]) -> None:
     # typer shows a type placeholder such as `<bool>` after every flag, `--help` included, and
     # `<str>` or `<int>` after an option or argument that names no placeholder of its own:
-    # flags get none, the others their name (`--host HOST`, `{RUN}`).
+    # flags get none, the others their name (`--host HOST`, `{RUN}`). An argument's row shows
+    # its type (`<str>`, `<int range> [x>=1]`) whatever its placeholder: its name and help say
+    # what it is, so the row shows no type.
     for param in params:
+        if param.param_type_name == "argument":
+            param.display_type_rich = _no_type
+            param._get_number_range_help_str = _no_range
         if param.metavar is not None:
             continue
         param.metavar = "" if getattr(param, "is_flag", False) else param.name.upper()
 
 
+def _no_type(ctx: Any) -> None:
+    return None
+
+
+def _no_range() -> None:
+    return None
+
+
 class _Group(typer.core.TyperGroup):
-    """Help that shows flags without a type placeholder, for every command of the group."""
+    """Help without typer's type placeholders, for every command of the group."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         params = super().get_params(ctx)
-        _without_flag_placeholders(params)
+        _without_type_placeholders(params)
         return params
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         command = super().get_command(ctx, cmd_name)
         if command is not None:
-            _without_flag_placeholders(command.get_params(ctx))
+            _without_type_placeholders(command.get_params(ctx))
         return command
 
 

@@ -51,7 +51,7 @@ SELECT count(*) FILTER (WHERE ra.kind = 'purge' OR rb.kind = 'purge'
  WHERE a.started_at < b.finished_at AND b.started_at < a.finished_at
 """
 
-# The claim as SPEC §4 warns against: the limiter checked by NOT EXISTS in the same statement
+# The claim as it must not be written: the limiter checked by NOT EXISTS in the same statement
 # that takes the locks, with no re-check. Installed only to show the stress test catches it.
 NAIVE_CLAIM = """
 DROP FUNCTION claim_run(text, interval, text[]);

@@ -1,4 +1,4 @@
-"""The claim against a model of SPEC §4: hypothesis drives random enqueues, claims, finishes,
+"""The claim against a model of its rules: hypothesis drives random enqueues, claims, finishes,
 lease expiries and deletes through the real claim_run(), and after every claim the run it
 returned must be exactly the one the model says is first claimable (or none)."""
 

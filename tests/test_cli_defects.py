@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 from rich.cells import cell_len
 from rich.console import Console
 
 from connectors.simulated.server import Simulation, start_server
 from sync import InvalidInput, Settings
-from sync.cli import follow_progress, follow_view
+from sync.cli import app, follow_progress, follow_view, main
 from sync.demo import Check, _summary
 from sync.queries import QUERIES
 from tests.cli_backends import SCRIPT, Backend, Cli, WorkerProcess
@@ -590,6 +591,43 @@ def test_ctrl_c_while_connecting_prints_no_traceback(
     assert "Traceback" not in err and err.strip().splitlines() == ["interrupted"], err
 
 
+# Loaded by the interpreter at start (PYTHONPATH): holds the import of the command line until
+# stdin says go, so a Ctrl-C lands while it loads.
+HOLD_THE_IMPORT = """
+import sys
+
+
+class HoldTheImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "sync.cli":
+            sys.meta_path.remove(self)
+            print("loading", file=sys.stderr, flush=True)
+            sys.stdin.readline()
+        return None
+
+
+sys.meta_path.insert(0, HoldTheImport())
+"""
+
+
+def test_ctrl_c_while_the_command_line_loads_prints_no_traceback(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(HOLD_THE_IMPORT)
+    proc = subprocess.Popen(
+        [str(SCRIPT), "workspaces", "list"],
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    assert proc.stderr.readline().strip() == "loading"  # inside the import now
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines() == ["interrupted"], err
+
+
 def test_ctrl_c_while_following_a_run_prints_no_traceback(
     cli: Cli, simulated: tuple[str, Simulation]
 ) -> None:
@@ -660,12 +698,32 @@ def test_wording(cli: Cli, backend: Backend, simulated: tuple[str, Simulation]) 
     line = cli("runs", "cancel", str(queued["id"])).one_line_error("has already ended (cancelled)")
     assert "is cancelled" not in line
 
-    for args in (["connections", "create", "--help"], ["runs", "list", "--help"], ["--help"]):
-        help_text = cli(*args).ok().out
-        assert "<bool>" not in help_text and "<str>" not in help_text, help_text
     for args, metavar in (
         (["sync", "--help"], "{CONNECTION}"),
         (["runs", "show", "--help"], "{RUN}"),
     ):
         usage = cli(*args).ok().out
         assert metavar in usage and "_id" not in usage, usage
+
+
+def command_paths(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every command and group of the command line, as the words that name it."""
+    yield path
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from command_paths(sub, (*path, name))
+
+
+def test_no_help_shows_a_type_placeholder(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # typer's own placeholders (`<bool>`, `<str>`, `<int range> [x>=1]`) say nothing an
+    # option's or argument's name and help do not.
+    monkeypatch.setenv("COLUMNS", "100")
+    paths = list(command_paths(typer.main.get_command(app)))
+    assert ("records", "list") in paths and ("grant",) in paths
+    for path in paths:
+        with pytest.raises(SystemExit) as exited:
+            main([*path, "--help"])
+        help_text = capsys.readouterr().out
+        assert exited.value.code == 0 and "Usage: connector-sync" in help_text, path
+        assert not re.search(r"<[a-z][a-z ]*>", help_text), help_text

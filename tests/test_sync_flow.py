@@ -4,14 +4,16 @@ partial failure, incremental cursors."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
 
-from connectors import PermanentError, RetryableError
+import connectors
+from connectors import Mode, PermanentError, RetryableError, Table, register
 from sync import Engine
 from tests.conftest import make_settings
-from tests.fakes import DATASETS, Dataset
+from tests.fakes import DATASETS, Dataset, MemoryPagesConnector
 
 
 def items(*ids: int, version: str = "v1") -> list[dict[str, Any]]:
@@ -89,6 +91,47 @@ def test_a_sync_publishes_records_then_tombstones_and_revives(engine: Engine, ad
     assert tombstoned(admin, conn.id) == set()
     # Seen keys are scratch space: nothing is left behind.
     assert admin.execute("SELECT count(*) AS n FROM run_seen_keys").fetchone()["n"] == 0
+
+
+def test_missing_keys_past_the_confirmation_bound_wait_for_a_second_listing(
+    engine: Engine, admin: Any
+) -> None:
+    asked: list[set[str]] = []
+
+    class Confirming(MemoryPagesConnector):
+        """A shifting listing whose provider confirms two missing items per run."""
+
+        provider = "memory_confirming"
+        tables = (Table("items", "id", Mode.FULL, shifting=True, confirm_limit=2),)
+
+        def confirm_deleted(
+            self, table: Table, partition: str | None, missing: Mapping[str, Mapping[str, Any]]
+        ) -> list[str]:
+            asked.append(set(missing))
+            return list(missing)  # each item asked about is gone
+
+    register(Confirming)
+    try:
+        key, data = new_dataset(items=items(*range(1, 11)))
+        ws = engine.create_workspace("acme")
+        conn = engine.create_connection(ws.id, "c", "memory_confirming", config={"dataset": key})
+        assert sync_once(engine, conn.id).status == "succeeded"
+
+        data.tables["items"] = items(*range(1, 6))  # 6 to 10 deleted upstream
+        run = sync_once(engine, conn.id)
+        assert run.status == "succeeded", run.error
+        # Two are confirmed and tombstoned; the other three were only missing from one listing.
+        (first,) = asked
+        assert len(first) == 2 and tombstoned(admin, conn.id) == first
+        assert run.results["items"]["tombstoned"] == 2
+        assert len(live(admin, conn.id)) == 8
+
+        # A second complete listing misses them too: tombstoned, confirmed or not.
+        run = sync_once(engine, conn.id)
+        assert run.results["items"]["tombstoned"] == 3
+        assert tombstoned(admin, conn.id) == {str(n) for n in range(6, 11)}
+    finally:
+        connectors.registry.unregister("memory_confirming")
 
 
 def test_an_unchanged_row_is_not_rewritten(engine: Engine, admin: Any) -> None:

@@ -246,6 +246,79 @@ def test_first_sync_then_updates_deletions_and_additions(
     assert live_ids(sync_engine, conn_id, "rfis") == {"274801", "274833", "281090"}
 
 
+def test_a_resync_with_nothing_changed_asks_once_per_project_for_its_rfis(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    routes = mock_company(respx_mock)
+    # The harbor project has five RFIs (three pages of two), listed as Procore lists them: by
+    # update time when asked with filters[updated_at].
+    base = fixture("procore", "rfis_1100417.json")[0]
+    harbor = [{**base, "id": 274_900 + n, "number": str(n)} for n in range(5)]
+
+    def harbor_rfis(request: httpx.Request) -> httpx.Response:
+        params = request.url.params
+        rfis = harbor
+        if "filters[updated_at]" in params:
+            since, until = params["filters[updated_at]"].split("...")
+            rfis = [r for r in harbor if since <= r["updated_at"] <= until]
+        page, per_page = int(params["page"]), int(params["per_page"])
+        return procore(
+            rfis[(page - 1) * per_page : page * per_page],
+            url=rfis_url(HARBOR),
+            page=page,
+            per_page=per_page,
+            total=len(rfis),
+        )
+
+    routes[f"rfis_{HARBOR}"].mock(side_effect=harbor_rfis)
+    conn_id = connect(sync_engine)
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+    assert routes[f"rfis_{HARBOR}"].call_count == 3
+
+    before = {name: route.call_count for name, route in routes.items()}
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    asked = {name: route.call_count - before[name] for name, route in routes.items()}
+    # Companies and projects are listed whole (one page of companies, two of projects); each
+    # project's RFIs once, by update time, whatever their number.
+    assert asked == {
+        "companies": 1,
+        "projects_1": 1,
+        "projects_2": 1,
+        **{f"rfis_{p}": 1 for p in (HARBOR, MEDICAL, PARKING)},
+    }
+    assert run.results["rfis"]["upserted"] == 0
+
+
+def test_a_company_is_tombstoned_only_once_two_complete_listings_missed_it(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    # Companies have no show endpoint to confirm a deletion with, and their listing is paged by
+    # page number, so it can shift: one listing that misses a company proves nothing.
+    routes = mock_company(respx_mock)
+    both = fixture("procore", "companies.json")
+    mine, harbor_steel = both
+    conn_id = connect(sync_engine)
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+
+    def sync_listing(*companies: dict[str, Any]) -> dict[str, Any]:
+        routes["companies"].mock(return_value=procore(list(companies), total=len(companies)))
+        run = run_sync(sync_engine, conn_id)
+        assert run.status == "succeeded", run.error
+        return plain(run.results)["companies"]
+
+    missing = str(harbor_steel["id"])
+    assert sync_listing(mine)["tombstoned"] == 0  # missed once: kept
+    assert missing in live_ids(sync_engine, conn_id, "companies")
+    sync_listing(mine, harbor_steel)  # listed again: the miss is forgotten
+    assert sync_listing(mine)["tombstoned"] == 0  # so this is a first miss again
+    assert missing in live_ids(sync_engine, conn_id, "companies")
+
+    assert sync_listing(mine) == result(unchanged=1, tombstoned=1)  # missed twice in a row
+    assert tombstoned_ids(sync_engine, conn_id, "companies") == {missing}
+    assert live_ids(sync_engine, conn_id, "companies") == {str(mine["id"])}
+
+
 def test_rotated_refresh_tokens_are_saved_and_spent_next_time(
     sync_engine: Engine, respx_mock: respx.MockRouter
 ) -> None:
