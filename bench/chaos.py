@@ -13,9 +13,12 @@ and later SIGCONTs it; restarts Postgres (once in short mode, three times in lon
 a worker off from Postgres for longer than a lease, then lets it reconnect; cancels runs and
 deletes connections mid-sync. Restarts alternate a crash (immediate shutdown, which empties the
 unlogged seen-keys table) and a clean stop. Tables are read in pages of a few rows, so the
-faults land mid-table and later attempts resume them. Then the faults stop, every
-connection gets a last clean sync, and the run checks and prints what must be zero. Exit
-status 1 if any of it is not.
+faults land mid-table and later attempts resume them. Beside the syncs, every worker runs
+application jobs in lanes (bench/chaos_app.py: slow handlers that fail now and then, on a
+standard and an exclusive queue), sent throughout the faults. Then the faults stop, every
+connection gets a last clean sync, every job is let finish, and the run checks and prints what
+must be zero: for the jobs, none lost, none completed twice, no attempt completed past its
+expiry, none left active. Exit status 1 if any of it is not.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from cryptography.fernet import Fernet
 from rich.console import Console
 from rich.table import Table
 
+from bench import chaos_app
 from bench.common import PrivatePostgres, add_json_option, machine_info, print_json
 from connectors.simulated.server import Simulation, start_server
 from sync import Engine, Settings
@@ -120,6 +124,32 @@ CHECKS = {
           JOIN held b ON b.id > a.id AND b.workspace_id = a.workspace_id
          WHERE (a.kind = 'purge' OR b.kind = 'purge' OR a.provider = b.provider)
            AND a.started_at < b.ended_at AND b.started_at < a.ended_at""",
+}
+
+# The application jobs the workers ran beside their syncs: each must come out zero too.
+JOB_CHECKS = {
+    "app jobs lost (sent, not finished after the drain)": """
+        SELECT count(*) FROM unnest(%(sent)s::bigint[]) s(id)
+         WHERE NOT EXISTS (SELECT 1 FROM jobs j
+                            WHERE j.id = s.id AND j.status IN ('completed', 'dead'))""",
+    "app jobs completed twice": """
+        SELECT count(*) FROM (SELECT job_id FROM job_attempts WHERE outcome = 'completed'
+                               GROUP BY job_id HAVING count(*) > 1) twice""",
+    "app attempts that completed past their expiry": """
+        SELECT count(*) FROM job_attempts
+         WHERE outcome = 'completed' AND finished_at > started_at + %(expire)s""",
+    "app jobs still active after the drain": """
+        SELECT count(*) FROM jobs WHERE status = 'active'""",
+}
+
+JOB_FIGURES = {
+    "app jobs sent": "SELECT count(*) FROM jobs",
+    "app jobs completed": "SELECT count(*) FROM jobs WHERE status = 'completed'",
+    "app jobs dead (out of attempts)": "SELECT count(*) FROM jobs WHERE status = 'dead'",
+    "app attempts failed by their handler": """
+        SELECT count(*) FROM job_attempts WHERE outcome = 'failed'""",
+    "app attempts taken back after their expiry": """
+        SELECT count(*) FROM job_attempts WHERE outcome = 'expired'""",
 }
 
 FIGURES = {
@@ -246,6 +276,8 @@ class Fleet:
                 "worker",
                 "--id",
                 f"chaos-{slot.index}-{slot.generation}",
+                "--app",
+                "bench.chaos_app:setup",
             ],
             env=env,
             stdout=log,
@@ -316,6 +348,7 @@ class Chaos:
         self.last_restart = -float("inf")
         self.faults_began = 0.0
         self.timers: list[threading.Timer] = []
+        self.sent: set[int] = set()  # application jobs sent
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -344,6 +377,7 @@ class Chaos:
         engine.migrate()
         with engine.pool.connection() as conn:
             conn.execute(AUDIT)
+        chaos_app.declare(engine.queues)
         for t in range(self.plan.tenants):
             tenant = self.simulation.add_tenant(f"t{t}", size=30, seed=t, page_delay=0.01)
             # Half the tenants ask for waits longer than a run sleeps inline: those runs wait
@@ -377,6 +411,10 @@ class Chaos:
                 for tenant in self.random.sample(self.simulation.tenants(), 3):
                     tenant.advance()
                 next_advance = time.monotonic() + 2.0
+            try:
+                self.send_jobs(engine)
+            except Exception as exc:  # the database may be restarting; the run goes on
+                console.print(f"[yellow]sending jobs failed: {exc}")
             left = [f for f in FAULTS if self.fired[f] < self.plan.min_each]
             remaining = deadline - time.monotonic()
             kind = (
@@ -446,6 +484,15 @@ class Chaos:
             return
         self.fired[kind] += 1
 
+    def send_jobs(self, engine: Engine) -> None:
+        """A few application jobs: standard ones, and keyed ones of which some find their key
+        pending (the send returns that job)."""
+        for _ in range(8):
+            self.sent.add(engine.queues.send(chaos_app.STANDARD, {"n": len(self.sent)}))
+        for _ in range(2):
+            key = f"key-{self.random.randrange(5)}"
+            self.sent.add(engine.queues.send(chaos_app.EXCLUSIVE, {"key": key}, key=key))
+
     def later(self, seconds: float, action: Callable[[], object]) -> None:
         timer = threading.Timer(seconds, action)
         timer.daemon = True
@@ -485,8 +532,10 @@ class Chaos:
         while time.monotonic() < deadline:
             with engine.pool.connection() as conn:
                 row = conn.execute(
-                    "SELECT count(*) AS n FROM connection_runs "
-                    "WHERE status IN ('waiting', 'queued', 'running')"
+                    "SELECT (SELECT count(*) FROM connection_runs "
+                    "         WHERE status IN ('waiting', 'queued', 'running')) "
+                    "     + (SELECT count(*) FROM jobs "
+                    "         WHERE status IN ('queued', 'retrying', 'active')) AS n"
                 ).fetchone()
             if row and row["n"] == 0:
                 return
@@ -529,12 +578,19 @@ class Chaos:
     def report(self, engine: Engine, out: Console) -> dict[str, object]:
         """Print the faults and the reckoning; return them (``ok``: every zero is zero)."""
         with engine.pool.connection() as conn:
-            figures = {name: conn.execute(sql).fetchone() for name, sql in FIGURES.items()}
+            figures = {
+                name: conn.execute(sql).fetchone()
+                for name, sql in {**FIGURES, **JOB_FIGURES}.items()
+            }
             lease = {"lease": timedelta(seconds=self.plan.lease)}
             checks = {
                 name: conn.execute(sql, lease if "%(lease)s" in sql else None).fetchone()
                 for name, sql in CHECKS.items()
             }
+            jobs = {"sent": sorted(self.sent), "expire": timedelta(seconds=chaos_app.EXPIRE)}
+            checks.update(
+                {name: conn.execute(sql, jobs).fetchone() for name, sql in JOB_CHECKS.items()}
+            )
         values = {n: int(next(iter(r.values()))) for n, r in checks.items() if r}
         differ = self.differing_connections(engine)
         values["connections whose records differ from the provider"] = len(differ)
@@ -610,7 +666,11 @@ def main() -> None:
     started = time.monotonic()
     try:
         engine = chaos.setup()
-        env = {**os.environ, "CONNECTOR_SYNC_SECRET_KEYS": chaos.key}
+        env = {
+            **os.environ,
+            "CONNECTOR_SYNC_SECRET_KEYS": chaos.key,
+            "CONNECTOR_SYNC_LANES": chaos_app.LANES,
+        }
         for name, value in chaos.settings().model_dump().items():
             if name in ("database_url", "secret_keys", "home", "schema_name") or value is None:
                 continue

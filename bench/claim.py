@@ -9,6 +9,8 @@ and with the bare claim-then-finish ceiling, all on the same Postgres in one inv
   then the production loop ``Worker.run()`` (finish-and-claim), with one empty table (1 and 2
   processes) and with zero tables (1 process).
   Each run sits in its own workspace, so the provider limiter never holds a run back.
+- ours, application jobs: N jobs of a queue whose handler does nothing, drained by one worker
+  process (``Worker.run()``) with 1 lane (one job at a time), 8 and 32 lanes (batched claims).
 - ceiling: the bare claim and finish statements on a minimal table, one round trip each,
   autocommit, from one client in a tight loop.
 - peers: Procrastinate, PgQueuer (PyPI), graphile-worker 0.17, pg-boss 10 (npm), each in its
@@ -54,6 +56,7 @@ from bench.common import (
     ratio,
     run_node,
     scratch_database,
+    settings_for,
     spawn,
     spread,
 )
@@ -173,6 +176,44 @@ def _go(procs: list[Any]) -> None:
     for proc in procs:
         proc.stdin.write("go\n")
         proc.stdin.flush()
+
+
+# -- ours: application jobs ----------------------------------------------------------------
+
+
+def drain_jobs(url: str, n: int, lanes: int) -> float:
+    """Send ``n`` jobs to the application queue ``bench.noop``, drain them with one worker
+    process of ``lanes`` lanes, return jobs/s (first attempt's start to last one's end)."""
+    from bench import app_jobs
+
+    with connect(url) as conn:
+        row = conn.execute("SELECT coalesce(max(id), 0) FROM jobs").fetchone()
+        assert row is not None
+        before = row[0]
+        conn.execute(
+            "INSERT INTO jobs (queue, origin_queue, payload, status, run_after, created_at) "
+            "SELECT %(q)s, %(q)s, '{}', 'queued', now(), now() FROM generate_series(1, %(n)s)",
+            {"q": app_jobs.QUEUE, "n": n},
+        )
+    proc = spawn(
+        [python(), "-m", "bench.app_jobs", "--url", url, "--lanes", str(lanes), "--jobs", str(n)],
+        stdin=subprocess.PIPE,
+    )
+    if proc.stdout.readline().strip() != "READY":  # type: ignore[union-attr]
+        raise RuntimeError("the application worker did not start")
+    _go([proc])
+    proc.stdout.readline()  # type: ignore[union-attr]
+    proc.wait(timeout=120)
+    with connect(url) as conn:
+        row = conn.execute(
+            "SELECT extract(epoch FROM max(finished_at) - min(started_at)), count(*) "
+            "FROM job_attempts WHERE job_id > %s AND outcome = 'completed'",
+            (before,),
+        ).fetchone()
+    assert row is not None
+    if row[1] != n:
+        raise RuntimeError(f"{row[1]} jobs completed, {n} sent")
+    return n / float(row[0])
 
 
 # -- the ceiling --------------------------------------------------------------------------
@@ -349,6 +390,11 @@ def main() -> None:
         machine = machine_info(url)
         console.print(machine_line(machine))
         migrate(url)
+        from bench import app_jobs
+        from sync import Engine
+
+        with Engine(settings_for(url), pool_size=3) as engine:
+            app_jobs.declare(engine.queues)
         with connect(url) as conn:
             conn.execute(SETUP_WORKSPACES, {"n": n})
             conn.execute(
@@ -383,6 +429,19 @@ def main() -> None:
                 Result("connector-sync", "Worker.run() loop, zero tables", 1, ours=True),
                 lambda: drain_ours(url, "bench_no_tables", 1, ["--loop"]),
             )
+        )
+        # Application jobs (a queue's no-op handler) in lanes of one worker process: one lane
+        # claims one job at a time; more lanes on a standard queue claim in batches.
+        tasks.extend(
+            (
+                Result(
+                    "connector-sync jobs",
+                    "1 lane: one at a time" if lanes == 1 else f"{lanes} lanes: batched claims",
+                    1,
+                ),
+                lambda lanes=lanes: drain_jobs(url, n, lanes),  # type: ignore[misc]
+            )
+            for lanes in (1, 8, 32)
         )
         for form, (claim_sql, finish_sql) in BARE_FORMS.items():
             tasks.append(

@@ -10,6 +10,8 @@ enqueue to the moment the worker started the job, p50/p95/p99.
   start marks: the claim (``run_attempts.started_at``, stamped inside ``claim_run()``) and the
   connector's constructor (the first connector code to run). With LISTEN/NOTIFY (poll
   interval 2 s, the default), then polling only at 2 s and at 0.1 s.
+- ours, application jobs: ``engine.queues.send`` to a queue served by one lane of a worker
+  process (``Worker.run()``, LISTEN/NOTIFY); the start mark is the handler's first line.
 - peers, each worker in its own process: Procrastinate, PgQueuer and graphile-worker (all
   LISTEN/NOTIFY), pg-boss 10 (polling only, at its 0.5 s minimum).
 
@@ -120,7 +122,7 @@ def sample(
     stretched by a random part of it, so enqueues land at random phases of the poll loop."""
     marks = Marks(proc)
     try:
-        if not marks.ready.wait(30):
+        if not marks.ready.wait(120):  # a loaded machine starts a worker slowly
             raise RuntimeError("the worker did not start")
         time.sleep(0.5)  # let it settle into its idle wait
         for _ in range(count):
@@ -217,6 +219,23 @@ def ours(url: str, count: int, *, listen: bool, poll: float) -> tuple[Series, Se
             series, proc, count, enqueue, after=after, timeout=poll + 10, poll=0 if listen else poll
         )
     return claimed, series
+
+
+def ours_jobs(url: str, count: int) -> Series:
+    """An application job: sent with ``engine.queues.send``, started in a lane of a worker
+    process (``Worker.run()``, LISTEN/NOTIFY, poll 2 s) when its handler is called."""
+    from bench import app_jobs
+    from sync import Engine
+
+    proc = spawn([python(), "-m", "bench.app_jobs", "--url", url, "--mode", "serve"])
+    with Engine(settings_for(url), pool_size=3) as engine:
+        app_jobs.declare(engine.queues)
+        return sample(
+            Series("connector-sync jobs", "LISTEN/NOTIFY, poll 2 s: handler called", ours=True),
+            proc,
+            count,
+            lambda: engine.queues.send(app_jobs.QUEUE, {}),
+        )
 
 
 def procrastinate(url: str, count: int) -> Series:
@@ -333,6 +352,7 @@ def main() -> None:
         results.extend(ours(url, n, listen=True, poll=2.0))
         results.extend(ours(url, n_slow, listen=False, poll=2.0))
         results.extend(ours(url, n, listen=False, poll=0.1))
+        results.append(ours_jobs(url, n))
         if not args.no_peers:
             for name, fn in (
                 ("procrastinate", procrastinate),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -28,6 +28,7 @@ from sync.embedded import data_dir, embedded_url
 from sync.errors import Conflict, InvalidInput, NotFound, describe_validation_error
 from sync.executor import budget_key_of
 from sync.ingestions.api import IngestionsApi
+from sync.job_lanes import install_handlers
 from sync.migrations import Migration, check_schema, grant, migrate
 from sync.models import Attempt, Connection, Record, Run, WorkerInfo, Workspace
 from sync.names import check_name, check_workspace_name, workspace_ref
@@ -38,6 +39,8 @@ from sync.overview import (
     worker_state,
 )
 from sync.queries import QUERIES
+from sync.queues.lanes import parse_lanes
+from sync.queues.postgres import PostgresQueues
 from sync.secrets import SecretBox
 from sync.services.cleaner import PruneReport, RetentionRules, prune
 from sync.settings import Settings
@@ -64,6 +67,7 @@ class Engine(IngestionsApi):
         self.pool: Pool = open_pool(self.settings, self.url, size=pool_size)
         self._secrets: SecretBox | None = None
         self._workspace_id: int | None = None
+        self._queues: PostgresQueues | None = None
 
     def __enter__(self) -> Engine:
         return self
@@ -465,13 +469,41 @@ class Engine(IngestionsApi):
 
     # -- workers ---------------------------------------------------------------------------
 
-    def worker(self, *, worker_id: str | None = None, listen: bool = True) -> Worker:
-        """A worker on this engine's pool. Refuses (SchemaBehind) if the schema is behind."""
+    @property
+    def queues(self) -> PostgresQueues:
+        """The application queues on this engine's database (see docs/queues.md)."""
+        if self._workspace_id is not None:
+            raise InvalidInput("a workspace-scoped engine cannot reach the application queues")
+        if self._queues is None:
+            self._queues = PostgresQueues(self.pool, lease=self.settings.lease_seconds)
+        return self._queues
+
+    def lanes_online(self) -> dict[str, int]:
+        """Lanes per application queue among the live workers."""
+        return self.queues.store.lanes_online(self.settings.stale_after)
+
+    def worker(
+        self, *, worker_id: str | None = None, listen: bool = True, apps: Sequence[str] = ()
+    ) -> Worker:
+        """A worker on this engine's pool. Refuses (SchemaBehind) if the schema is behind.
+
+        When ``settings.lanes`` gives queues lanes, the applications installed under the
+        entry-point group ``connector_sync.handlers`` and each ``module:function`` of ``apps``
+        first declare their queues and register their handlers on :attr:`queues`; a process
+        with no lanes loads none of them."""
         if self._workspace_id is not None:
             raise InvalidInput("a workspace-scoped engine cannot run workers")
         secrets = self.secrets
+        if any(parse_lanes(self.settings.lanes).values()):
+            install_handlers(self.queues, apps)
         return Worker(
-            self.pool, self.settings, self.url, secrets=secrets, worker_id=worker_id, listen=listen
+            self.pool,
+            self.settings,
+            self.url,
+            secrets=secrets,
+            worker_id=worker_id,
+            listen=listen,
+            queues=self.queues,
         )
 
     def workers(self) -> list[WorkerInfo]:

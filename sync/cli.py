@@ -9,8 +9,8 @@ used, also when it fails. With ``DATABASE_URL`` unset every command uses the emb
 under ``$CONNECTOR_SYNC_HOME`` (the user's data directory by default), migrated on first use.
 
 This module holds ``sync`` and ``runs`` and the entry point; the other commands are in
-``sync.cli_tenants``, ``sync.cli_operate`` and ``sync.cli_documents``, what they share in
-``sync.cli_base``.
+``sync.cli_tenants``, ``sync.cli_operate``, ``sync.cli_documents`` and ``sync.cli_queues``, what
+they share in ``sync.cli_base``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from rich.text import Text
 import connectors
 
 # The other commands register themselves on `app` when imported.
-from sync import cli_documents, cli_operate, cli_tenants
+from sync import cli_documents, cli_operate, cli_queues, cli_tenants
 from sync.api import Engine
 from sync.cli_base import (
     INTERRUPTED,
@@ -78,7 +78,7 @@ from sync.models import Attempt, Run
 from sync.progress import describe as describe_where
 from sync.retry_policy import ordinal
 
-__all__ = ["app", "cli_documents", "cli_operate", "cli_tenants", "main"]
+__all__ = ["app", "cli_documents", "cli_operate", "cli_queues", "cli_tenants", "main"]
 
 # -- sync and runs -----------------------------------------------------------------------------
 

@@ -81,6 +81,15 @@ def grant(
 # -- workers -----------------------------------------------------------------------------------
 
 
+AppOption = typer.Option(
+    None,
+    "--app",
+    metavar="MODULE:FUNCTION",
+    help="An application's setup(queues): declares its queues, registers its handlers. "
+    "Repeatable; those installed under the entry points connector_sync.handlers load too.",
+)
+
+
 @app.command()
 @guarded
 def worker(
@@ -90,12 +99,14 @@ def worker(
     worker_id: str | None = typer.Option(
         None, "--id", metavar="ID", help="The worker's id (default: host-pid-random)."
     ),
+    apps: list[str] | None = AppOption,
 ) -> None:
     """Run a worker: claim runs and execute them one at a time until SIGTERM or Ctrl-C.
 
     Run as many as you like, on any machines; SIGTERM hands the running run back at once. It
     runs syncs of the providers installed when it starts (restart it after installing a
-    connector package)."""
+    connector package), and jobs of the application queues CONNECTOR_SYNC_LANES gives lanes
+    (QUEUE=N,...), N at a time per queue."""
     if worker_id is not None:
         check_name(worker_id, "worker")
     logging.basicConfig(
@@ -106,7 +117,7 @@ def worker(
     # One line per request is noise at INFO; the run's own log lines say what happened.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     with open_engine() as engine:
-        service = engine.worker(worker_id=worker_id, listen=not once)
+        service = engine.worker(worker_id=worker_id, listen=not once, apps=apps or ())
         session.announce()
         logging.getLogger("sync.worker").info(
             "worker %s runs providers: %s", service.id, ", ".join(service.providers) or "none"
@@ -142,6 +153,7 @@ def workers_command(as_json: bool = JsonOption) -> None:
             Col("running", keep=7),
             Col("started", keep=2),
             Col("providers", text="fold", keep=3),
+            Col("lanes", text="fold", keep=4),
         ]
         rows: list[list[Cell]] = [
             [
@@ -154,6 +166,7 @@ def workers_command(as_json: bool = JsonOption) -> None:
                 f"#{w.current_run_id}" if w.current_run_id else "-",
                 when(w.started_at, seconds=False),
                 "any" if w.providers is None else ", ".join(w.providers) or "none",
+                ", ".join(f"{q}={n}" for q, n in (w.lanes or {}).items()) or "-",
             ]
             for w in found
         ]

@@ -30,6 +30,8 @@ import psycopg
 from sync.abort import AbortSignal
 from sync.db import Connection, connect, first_line
 from sync.queries import QUERIES
+from sync.queues.models import JobStatus
+from sync.queues.store import JobStore
 from sync.retry_policy import AbortReason
 from sync.settings import Settings
 
@@ -85,6 +87,24 @@ def read_run_control(conn: Connection, lease: Lease) -> Control:
 
 
 RUNS = LeaseKind("run", renew=renew_run, control=read_run_control)
+
+
+def renew_job(conn: Connection, lease: Lease, seconds: timedelta) -> bool:
+    """Extend an application job's attempt, never past the queue's expire; False: lost."""
+    return JobStore.renew(conn, lease.id, lease.owner, seconds)
+
+
+def read_job_control(conn: Connection, lease: Lease) -> Control:
+    found = JobStore.control(conn, lease.id, lease.owner)
+    if found is None or not found[1]:
+        return Control(AbortReason.LEASE_LOST)
+    status = found[0]
+    if status is JobStatus.CANCELLED:
+        return Control(AbortReason.CANCELLED)
+    return Control(None if status is JobStatus.ACTIVE else AbortReason.LEASE_LOST)
+
+
+JOBS = LeaseKind("job", renew=renew_job, control=read_job_control)
 
 
 @dataclass(frozen=True)
@@ -146,6 +166,7 @@ class LeaseKeeper:
         self._on_tick = on_tick
         self._cond = threading.Condition()
         self._watches: set[Watch] = set()
+        self._wakes_at = float("-inf")  # when the thread's sleep ends (-inf: it is awake)
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._conn: Connection | None = None
@@ -210,13 +231,16 @@ class LeaseKeeper:
         )
         with self._cond:
             self._watches.add(watch)
-            self._cond.notify_all()
+            # Wake the thread only if it sleeps past this lease's first tick: many short
+            # leases (a worker's lanes) must not wake it once each.
+            if watch.due < self._wakes_at:
+                self._cond.notify_all()
         return watch
 
     def release(self, watch: Watch) -> None:
+        # No wake-up: the thread finds the lease gone at its next tick.
         with self._cond:
             self._watches.discard(watch)
-            self._cond.notify_all()
 
     # -- the thread ------------------------------------------------------------------------
 
@@ -224,13 +248,17 @@ class LeaseKeeper:
         while True:
             with self._cond:
                 while not self._watches and not self._stopping:
+                    self._wakes_at = float("inf")
                     self._cond.wait()
                 if self._stopping:
                     return
                 wait = min(w.due for w in self._watches) - time.monotonic()
                 if wait > 0:
+                    self._wakes_at = time.monotonic() + wait
                     self._cond.wait(wait)
+                    self._wakes_at = float("-inf")  # awake: it looks at every lease again
                     continue
+                self._wakes_at = float("-inf")
                 due = [w for w in self._watches if w.due <= time.monotonic()]
             for watch in due:
                 try:

@@ -123,6 +123,7 @@ class WorkerInfo(_FromRow):
     since_heartbeat: timedelta
     providers: list[str] | None = None  # what it can run; None: a worker of an older version
     incarnation: UUID | None = None  # one per start of this worker id
+    lanes: dict[str, int] | None = None  # lanes per application queue; None: serves none
 
     def can_run(self, provider: str) -> bool:
         return self.providers is None or provider in self.providers

@@ -129,6 +129,12 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="Seconds the statement behind a /metrics scrape may take."
     )
 
+    lanes: str | None = Field(
+        default=None,
+        description="Lanes per application queue, QUEUE=N,...: how many jobs of each queue a "
+        "worker runs at once. Unset: the worker serves no application queue.",
+    )
+
     # Ingestions: files made searchable (see docs/documents.md).
     ingestion_batch_size: int = Field(
         default=200, ge=1, description="Chunks embedded and written per fenced batch."

@@ -37,9 +37,11 @@ from sync.db import Pool, connect, first_line
 from sync.errors import Conflict
 from sync.executor import ClaimedRun, Executor
 from sync.ingestions.stage import IngestionStage
+from sync.job_lanes import Lanes
 from sync.lease import LeaseKeeper
 from sync.migrations import check_schema
 from sync.queries import QUERIES
+from sync.queues.postgres import PostgresQueues
 from sync.retry_policy import AbortReason
 from sync.secrets import SecretBox
 from sync.services import (
@@ -70,14 +72,22 @@ def _version() -> str:
 
 
 class Listener:
-    """Holds a LISTEN connection and sets ``wake`` on every notification. Reconnects with
-    backoff when the connection drops, and wakes the worker after reconnecting, since
-    notifications sent meanwhile are lost."""
+    """Holds a LISTEN connection and sets ``wake`` on every notification of a run; one of an
+    application job (``job:<queue>``) wakes only that queue's lanes (``on_job``). Reconnects
+    with backoff when the connection drops, and wakes the worker and every lane after
+    reconnecting, since notifications sent meanwhile are lost."""
 
-    def __init__(self, settings: Settings, url: str, wake: threading.Event) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        url: str,
+        wake: threading.Event,
+        on_job: Callable[[str | None], object] | None = None,
+    ) -> None:
         self._settings = settings
         self._url = url
         self._wake = wake
+        self._on_job = on_job
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._conn: psycopg.Connection[Any] | None = None
@@ -118,12 +128,17 @@ class Listener:
                     )
                     self.connected.set()
                     self._wake.set()
+                    if self._on_job is not None:
+                        self._on_job(None)
                     delay = 0.5
                     while not self._stopping.is_set():
                         # The timeout doubles as a liveness check of a half-open connection.
                         timeout = self._settings.listen_check_interval
-                        for _ in conn.notifies(timeout=timeout, stop_after=1):
-                            self._wake.set()
+                        for note in conn.notifies(timeout=timeout, stop_after=1):
+                            if not note.payload.startswith("job:"):
+                                self._wake.set()
+                            elif self._on_job is not None:
+                                self._on_job(note.payload[4:])
                         conn.execute("SELECT 1")
             except Exception as exc:
                 self.connected.clear()
@@ -151,6 +166,7 @@ class Worker:
         worker_id: str | None = None,
         listen: bool = True,
         providers: Sequence[str] | None = None,
+        queues: PostgresQueues | None = None,
     ) -> None:
         self.settings = settings
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -188,7 +204,10 @@ class Worker:
         # While a run executes, the lease keeper's thread sends the heartbeat when it is due,
         # also when poll() is called without the services' timers.
         self._keeper = LeaseKeeper.for_url(settings, url, on_tick=self.heartbeat.run_if_due)
-        self._listener = Listener(settings, url, self._wake) if listen else None
+        # The application queues' lanes, if CONNECTOR_SYNC_LANES gives this process any.
+        self._lanes = Lanes.from_settings(queues, self._keeper, settings) if queues else None
+        on_job = self._lanes.wake if self._lanes is not None else None
+        self._listener = Listener(settings, url, self._wake, on_job) if listen else None
         self._executor = Executor(
             pool, settings, secrets, self._keeper, self.id, providers=self.providers
         )
@@ -199,6 +218,9 @@ class Worker:
         with pool.connection() as conn:
             check_schema(conn, settings.schema_name)
         self._register()
+        if queues is not None:
+            lanes = self._lanes.served if self._lanes is not None else {}
+            queues.store.set_worker_lanes(self.id, self.incarnation, lanes)
         self.ingestions = IngestionStage(
             pool, settings, secrets, self._keeper, self.id, self.providers,
             stopping=lambda: self._stop_requested, runs_executed=lambda: self.runs_executed,
@@ -251,6 +273,8 @@ class Worker:
         if not once:
             for service in self.services:
                 service.start()
+        if self._lanes is not None and not once:
+            self._lanes.start()
         log.info("worker %s started", self.id)
         try:
             while self._running:
@@ -289,6 +313,8 @@ class Worker:
             self._listener.stop()
         for service in self.services:
             service.stop()
+        if self._lanes is not None:
+            self._lanes.stop()
         self._keeper.stop()
         with _open_here_lock:
             if self._open_here:
@@ -309,6 +335,12 @@ class Worker:
 
     def _install_signal_handlers(self) -> None:
         def handle(signum: int, frame: FrameType | None) -> None:
+            # A handler runs in the main thread between two of its bytecodes, perhaps while
+            # that thread holds a lock stop() needs (inside the wake event's set(), or a log
+            # call): stop from a thread of its own, which waits for the lock instead.
+            threading.Thread(target=stop, args=(signum,), name="signal", daemon=True).start()
+
+        def stop(signum: int) -> None:
             log.info("received %s: finishing up", signal.Signals(signum).name)
             self.stop()
 

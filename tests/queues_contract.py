@@ -600,6 +600,33 @@ class QueuesContract:
         assert [j.id for j in dead.jobs] == [job_id]
         assert harness.runner.run_due() == 0 and gate.calls == 1
 
+    # Progress
+
+    def test_a_handler_reports_progress_fenced_by_its_attempt(self, harness: Harness) -> None:
+        harness.declare("docs.ingest", expire=60)
+        reports: list[bool] = []
+
+        def handler(job: Job, abort: Abort) -> None:
+            if job.attempts == 1:
+                reports.append(abort.report_progress(10, 200))
+                reports.append(abort.report_progress(20))
+                harness.clock.advance(61)  # past the expiry: the attempt holds nothing now
+                reports.append(abort.report_progress(30, 300))
+            else:
+                reports.append(abort.report_progress(200, 200))
+
+        harness.queues.register("docs.ingest", handler)
+        job_id = harness.queues.send("docs.ingest", {})
+        assert harness.runner.run_due() == 2
+
+        assert reports == [True, True, False, True]
+        job = harness.queues.get_job(job_id)
+        assert (job.status, job.processed_units, job.total_units) == (
+            JobStatus.COMPLETED,
+            200,
+            200,
+        )
+
     # Cron
 
     @pytest.mark.concurrent

@@ -19,8 +19,8 @@ BIN = Path(sys.executable).parent
 @pytest.mark.parametrize(
     "command",
     [
-        ["ruff", "check", "sync", "connectors", "tests", "bench"],
-        ["ruff", "format", "--check", "sync", "connectors", "tests", "bench"],
+        ["ruff", "check", "sync", "connectors", "tests", "bench", "examples"],
+        ["ruff", "format", "--check", "sync", "connectors", "tests", "bench", "examples"],
         ["mypy"],
         ["lint-imports"],
     ],

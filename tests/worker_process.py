@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--lease-seconds", type=float, default=120.0)
     parser.add_argument("--control-interval", type=float, default=2.0)
     parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--app", action="append", default=[], help="module:function")
     args = parser.parse_args()
     logging.basicConfig(
         level=logging.INFO,
@@ -47,7 +48,7 @@ def main() -> None:
     # The tests pass the key through the environment so credentials stay readable.
     with Engine(settings, pool_size=4) as engine:
         if args.mode == "loop":
-            engine.worker(worker_id=args.worker_id).run()
+            engine.worker(worker_id=args.worker_id, apps=args.app).run()
             return
         worker = engine.worker(worker_id=args.worker_id, listen=False)
         wake = threading.Event()

@@ -28,13 +28,24 @@ def check_key(queue: QueueSpec, key: str | None) -> None:
     if key is None:
         return
     if queue.policy is QueuePolicy.STANDARD:
-        raise InvalidInput(
-            f"queue {queue.name!r} is standard and runs every job it is sent, so a key would "
-            "change nothing; send without a key, or declare the queue exclusive"
-        )
+        raise key_on_standard(queue.name)
+    check_key_text(queue.name, key)
+
+
+def key_on_standard(queue: str) -> InvalidInput:
+    return InvalidInput(
+        f"queue {queue!r} is standard and runs every job it is sent, so a key would "
+        "change nothing; send without a key, or declare the queue exclusive"
+    )
+
+
+def check_key_text(queue: str, key: str | None) -> None:
+    """A key is a short string without NUL, whatever the queue's policy."""
+    if key is None:
+        return
     if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH or "\x00" in key:
         raise InvalidInput(
-            f"the key of a job for queue {queue.name!r} must be a string of 1 to "
+            f"the key of a job for queue {queue!r} must be a string of 1 to "
             f"{MAX_KEY_LENGTH} characters without NUL"
         )
 

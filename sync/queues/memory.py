@@ -15,6 +15,7 @@ and hooks run outside its lock."""
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import logging
 import random
@@ -29,6 +30,7 @@ from sync.queues.admission import check_key, due_time, singleton_slot
 from sync.queues.clock import Clock, SystemClock
 from sync.queues.cron import firing, next_tick, parse_cron
 from sync.queues.declarations import QueueSpec
+from sync.queues.failures import one_line
 from sync.queues.models import (
     FINISHED,
     PENDING,
@@ -44,21 +46,20 @@ from sync.queues.payloads import json_payload
 from sync.queues.port import DeadHook, Handler, JobRunner, Queues
 from sync.queues.registry import HandlerRegistry, Registration
 from sync.queues.retries import Fate, fate_after
-from sync.redact import redact
 
 log = logging.getLogger("sync.queues")
 
 MAX_LIST = 1000
 _WAITING = (JobStatus.QUEUED, JobStatus.RETRYING)
 _TAKEN_AWAY = (AttemptOutcome.CANCELLED, AttemptOutcome.EXPIRED)
-_MAX_ERROR = 500
 
 
 class _AttemptAbort:
-    """The abort signal of one attempt."""
+    """The abort signal of one attempt, and its progress report."""
 
-    def __init__(self) -> None:
+    def __init__(self, report: Callable[[int, int | None], bool]) -> None:
         self._event = threading.Event()
+        self._report = report
 
     @property
     def is_set(self) -> bool:
@@ -69,6 +70,9 @@ class _AttemptAbort:
 
     def trip(self) -> None:
         self._event.set()
+
+    def report_progress(self, processed: int, total: int | None = None) -> bool:
+        return self._report(processed, total)
 
 
 @dataclass
@@ -89,6 +93,8 @@ class _Entry:
     finished_at: datetime | None = None
     expires_at: datetime | None = None
     error: str | None = None
+    processed_units: int | None = None
+    total_units: int | None = None
     slot: str | None = None  # the singleton slot it holds while pending
     token: int | None = None  # the running attempt's fencing token
     abort: _AttemptAbort | None = None
@@ -110,6 +116,8 @@ class _Entry:
             expires_at=self.expires_at,
             error=self.error,
             tick=self.tick,
+            processed_units=self.processed_units,
+            total_units=self.total_units,
         )
 
     def due_at(self) -> datetime:
@@ -505,10 +513,11 @@ class InMemoryQueues(Queues, JobRunner):
                     continue
             registration = self._handlers.get(entry.origin_queue)
             assert registration is not None
-            abort = _AttemptAbort()
+            token = next(self._tokens)
+            abort = _AttemptAbort(functools.partial(self._report, entry.id, token))
             entry.status = JobStatus.ACTIVE
             entry.attempts += 1
-            entry.token = next(self._tokens)
+            entry.token = token
             entry.abort = abort
             entry.started_at = now
             entry.finished_at = None
@@ -518,12 +527,34 @@ class InMemoryQueues(Queues, JobRunner):
             )
             return _Claim(entry.snapshot(), entry.token, abort, registration), dead
 
+    def _report(self, job_id: int, token: int, processed: int, total: int | None) -> bool:
+        """A handler's progress, fenced by its attempt's token like the attempt's end."""
+        with self._lock:
+            entry = self._jobs.get(job_id)
+            if not self._holds(entry, token):
+                return False
+            assert entry is not None
+            entry.processed_units = processed
+            if total is not None:
+                entry.total_units = total
+            return True
+
+    def _holds(self, entry: _Entry | None, token: int) -> bool:
+        """Whether the attempt with ``token`` still holds the job: it was neither cancelled
+        nor taken back, and has not outlived its expiry."""
+        return (
+            entry is not None
+            and entry.token == token
+            and entry.expires_at is not None
+            and entry.expires_at >= self._clock.now()
+        )
+
     def _run(self, claim: _Claim) -> str | None:
         """Run the handler; the failure as one line, or None when it returned."""
         try:
             claim.registration.handler(claim.job, claim.abort)
         except Exception as exc:
-            error = _one_line(exc)
+            error = one_line(exc)
             log.warning(
                 "job %s of queue %s failed attempt %s: %s",
                 claim.job.id,
@@ -540,18 +571,14 @@ class InMemoryQueues(Queues, JobRunner):
         with self._lock:
             now = self._clock.now()
             entry = self._jobs.get(claim.job.id)
-            if (
-                entry is None
-                or entry.token != claim.token
-                or entry.expires_at is None
-                or entry.expires_at < now
-            ):
+            if not self._holds(entry, claim.token):
                 log.info(
                     "job %s: attempt %s ended after it lost the job",
                     claim.job.id,
                     claim.job.attempts,
                 )
                 return []
+            assert entry is not None
             spec = self._queues[entry.origin_queue]
             outcome = AttemptOutcome.COMPLETED if error is None else AttemptOutcome.FAILED
             self._close_attempt(entry, now, outcome, error)
@@ -603,11 +630,5 @@ class InMemoryQueues(Queues, JobRunner):
                     "the on_dead hook of queue %s failed for job %s: %s",
                     job.origin_queue,
                     job.id,
-                    _one_line(exc),
+                    one_line(exc),
                 )
-
-
-def _one_line(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    line = " ".join(redact(text).split())
-    return line if len(line) <= _MAX_ERROR else line[: _MAX_ERROR - 1] + "…"

@@ -59,6 +59,9 @@ class Job:
     expires_at: datetime | None  # while active: when a claim may take the attempt back
     error: str | None  # the latest failure, one line
     tick: datetime | None  # the cron tick that sent it, if a schedule did
+    # Progress its handler reported (``abort.report_progress``), if any.
+    processed_units: int | None = None
+    total_units: int | None = None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,12 @@ class Abort(Protocol):
         """Sleep up to ``seconds``; True if the signal was set meanwhile."""
         ...
 
+    def report_progress(self, processed: int, total: int | None = None) -> bool:
+        """Record how far the attempt got (``Job.processed_units`` and ``total_units``),
+        fenced like every write of an attempt: False, and nothing recorded, once the attempt
+        no longer holds the job."""
+        ...
+
 
 # A handler runs one attempt of a job; it returns to complete the job and raises to fail the
 # attempt. It may run more than once for one job (a retry, an attempt taken back after its

@@ -1,0 +1,84 @@
+"""A worker process that runs application jobs for the benchmarks:
+``python -m bench.app_jobs --url URL --mode drain|serve --lanes N``.
+
+Its application (``setup``) declares the standard queue ``bench.noop``, whose handler does
+nothing. ``drain``: prints ``READY``, waits for a line on stdin, runs ``Worker.run()`` (no
+LISTEN) with ``N`` lanes of the queue until ``--jobs`` jobs have completed, and prints one JSON
+line. ``serve``: ``Worker.run()`` with LISTEN/NOTIFY until SIGTERM, for bench/latency.py: its
+handler prints ``START <time>`` as each job starts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import time
+
+from bench.common import settings_for
+from sync.queues import Abort, Job, Queues, queue_spec
+
+QUEUE = "bench.noop"
+_done = threading.Semaphore(0)
+_record_starts = False
+_queues: Queues | None = None
+
+
+def declare(queues: Queues) -> None:
+    queues.declare_queue(queue_spec(QUEUE))
+
+
+def handle(job: Job, abort: Abort) -> None:
+    if _record_starts:
+        print(f"START {time.time()}", flush=True)
+    _done.release()
+
+
+def setup(queues: Queues) -> None:
+    global _queues
+    _queues = queues
+    declare(queues)
+    queues.register(QUEUE, handle)
+
+
+def main() -> None:
+    # The worker loads this module by name (--app bench.app_jobs:setup), a module apart from
+    # the one `python -m` runs as __main__: count on that one's semaphore.
+    from bench import app_jobs
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--mode", choices=["drain", "serve"], default="drain")
+    parser.add_argument("--lanes", type=int, default=1)
+    parser.add_argument("--jobs", type=int, default=0)
+    parser.add_argument("--poll-interval", type=float, default=2.0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+    from sync import Engine
+
+    settings = settings_for(
+        args.url, poll_interval=args.poll_interval, lanes=f"{QUEUE}={args.lanes}"
+    )
+    with Engine(settings, pool_size=max(4, min(args.lanes + 2, 10))) as engine:
+        if args.mode == "serve":
+            app_jobs._record_starts = True
+            worker = engine.worker(apps=["bench.app_jobs:setup"])
+            print("READY", flush=True)
+            worker.run()
+            return
+        worker = engine.worker(listen=False, apps=["bench.app_jobs:setup"])
+        print("READY", flush=True)
+        sys.stdin.readline()
+        thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
+        thread.start()
+        for _ in range(args.jobs):
+            app_jobs._done.acquire()
+        worker.stop()
+        thread.join(timeout=60)
+    print(json.dumps({"executed": args.jobs}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+-- The application queues' statements, each named and called through sync.queues.store.
+-- %(now)s is the caller's clock when it has one (tests drive it) and NULL for the database's
+-- own time; every statement reads it through coalesce(%(now)s, now()).
+
+-- name: get_queue
+SELECT * FROM job_queues WHERE name = %(name)s;
+
+-- name: list_queues
+SELECT * FROM job_queues ORDER BY name;
+
+-- name: lock_queue
+-- A declaration or deletion holds the queue's row while it checks the queue's jobs, so two
+-- operators changing one queue are serialized.
+SELECT * FROM job_queues WHERE name = %(name)s FOR UPDATE;
+
+-- name: count_pending
+-- Jobs that still hold work for the queue's handler: its policy may change only at zero.
+SELECT count(*) AS pending FROM jobs
+ WHERE origin_queue = %(name)s AND status IN ('queued', 'retrying', 'active');
+
+-- name: dead_letter_users
+SELECT name FROM job_queues WHERE dead_letter = %(name)s ORDER BY name;
+
+-- name: upsert_queue
+-- Creates the queue or changes it to match the declaration. Invariant: the dead-letter queue
+-- exists (the foreign key refuses it otherwise).
+INSERT INTO job_queues (name, policy, retry_limit, retry_delay, retry_ceiling, expire,
+                        dead_letter, retention)
+VALUES (%(name)s, %(policy)s, %(retry_limit)s, %(retry_delay)s, %(retry_ceiling)s, %(expire)s,
+        %(dead_letter)s, %(retention)s)
+ON CONFLICT (name) DO UPDATE
+   SET policy = EXCLUDED.policy, retry_limit = EXCLUDED.retry_limit,
+       retry_delay = EXCLUDED.retry_delay, retry_ceiling = EXCLUDED.retry_ceiling,
+       expire = EXCLUDED.expire, dead_letter = EXCLUDED.dead_letter,
+       retention = EXCLUDED.retention, updated_at = now()
+RETURNING *;
+
+-- name: delete_queue_jobs
+-- Only called with the queue locked and no pending job of it left.
+DELETE FROM jobs WHERE queue = %(name)s;
+
+-- name: delete_queue
+DELETE FROM job_queues WHERE name = %(name)s;
+
+-- name: send_job
+-- Invariants in send_job_v1: one pending job per singleton slot, one job per cron tick.
+SELECT * FROM send_job_v1(%(queue)s, %(payload)s, %(key)s, %(now)s::timestamptz,
+                          %(delay)s::double precision, %(at)s::timestamptz, NULL);
+
+-- name: get_job
+SELECT * FROM jobs WHERE id = %(job_id)s;
+
+-- name: list_jobs
+SELECT * FROM jobs
+ WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(status)s::text IS NULL OR status = %(status)s)
+ ORDER BY id DESC
+ LIMIT %(limit)s;
+
+-- name: job_attempts
+-- The attempts that ended, then the one running (read from the job's row), the first first.
+SELECT job_id, attempt, queue, started_at, finished_at, outcome, error
+  FROM (SELECT a.id AS seq, a.job_id, a.attempt, a.queue, a.started_at, a.finished_at,
+               a.outcome, a.error
+          FROM job_attempts a WHERE a.job_id = %(job_id)s
+        UNION ALL
+        SELECT NULL, j.id, j.attempts, j.queue, j.started_at, NULL, NULL, NULL
+          FROM jobs j WHERE j.id = %(job_id)s AND j.status = 'active') attempts
+ ORDER BY seq NULLS LAST;
+
+-- name: claim_jobs
+-- Invariants in claim_jobs_v1: one claim per job, a fencing token per attempt, an expired
+-- attempt taken back by the claim itself. The queue's retry terms come along, so the end of
+-- the attempt is decided with the declaration it ran under.
+SELECT c.*, q.retry_limit, q.retry_delay, q.retry_ceiling, q.expire
+  FROM claim_jobs_v1(%(queues)s::text[], %(limit)s, %(lease)s, %(now)s::timestamptz) c
+  JOIN job_queues q ON q.name = c.origin_queue;
+
+-- name: complete_attempt
+-- The handler returned. Fenced: applied only while the job is active under this attempt's
+-- token and the attempt has not expired; a stale attempt's end matches nothing.
+WITH done AS (
+    UPDATE jobs
+       SET status = 'completed', finished_at = coalesce(%(now)s, now()), expires_at = NULL,
+           deadline_at = NULL
+     WHERE id = %(job_id)s AND lease_owner = %(lease_owner)s AND status = 'active'
+       AND expires_at >= coalesce(%(now)s, now())
+    RETURNING id, attempts, queue, started_at, finished_at, lease_owner
+)
+INSERT INTO job_attempts (job_id, attempt, queue, started_at, finished_at, outcome, lease_owner)
+SELECT id, attempts, queue, started_at, finished_at, 'completed', lease_owner FROM done
+RETURNING job_id;
+
+-- name: complete_attempts
+-- Many handlers returned: each job completed in one statement (a worker's lanes batch their
+-- completions). Fenced per job like complete_attempt; the ids of the jobs it completed.
+WITH ended (id, lease_owner) AS (
+    SELECT * FROM unnest(%(job_ids)s::bigint[], %(lease_owners)s::uuid[])
+), done AS (
+    UPDATE jobs j
+       SET status = 'completed', finished_at = coalesce(%(now)s, now()), expires_at = NULL,
+           deadline_at = NULL
+      FROM ended e
+     WHERE j.id = e.id AND j.lease_owner = e.lease_owner AND j.status = 'active'
+       AND j.expires_at >= coalesce(%(now)s, now())
+    RETURNING j.id, j.attempts, j.queue, j.started_at, j.finished_at, j.lease_owner
+)
+INSERT INTO job_attempts (job_id, attempt, queue, started_at, finished_at, outcome, lease_owner)
+SELECT id, attempts, queue, started_at, finished_at, 'completed', lease_owner FROM done
+RETURNING job_id;
+
+-- name: retry_attempt
+-- The handler raised and the job has attempts left: retrying, due after the delay. Fenced
+-- like complete_attempt.
+WITH done AS (
+    UPDATE jobs
+       SET status = 'retrying', error = %(error)s, expires_at = NULL, deadline_at = NULL,
+           run_after = coalesce(%(now)s, now()) + make_interval(secs => %(delay)s)
+     WHERE id = %(job_id)s AND lease_owner = %(lease_owner)s AND status = 'active'
+       AND expires_at >= coalesce(%(now)s, now())
+    RETURNING id, attempts, queue, started_at, lease_owner
+)
+INSERT INTO job_attempts (job_id, attempt, queue, started_at, finished_at, outcome, error,
+                          lease_owner)
+SELECT id, attempts, queue, started_at, coalesce(%(now)s, now()), 'failed', %(error)s,
+       lease_owner
+  FROM done
+RETURNING job_id;
+
+-- name: bury_attempt
+-- The handler raised and the job's attempts are spent: dead, in its dead-letter queue (or its
+-- own). Fenced like complete_attempt; the dead job comes back for the on_dead hook, which is
+-- called only when this matched, so once.
+WITH done AS (
+    UPDATE jobs j
+       SET status = 'dead', error = %(error)s, expires_at = NULL, deadline_at = NULL,
+           finished_at = coalesce(%(now)s, now()), queue = coalesce(q.dead_letter, q.name)
+      FROM job_queues q
+     WHERE q.name = j.origin_queue
+       AND j.id = %(job_id)s AND j.lease_owner = %(lease_owner)s AND j.status = 'active'
+       AND j.expires_at >= coalesce(%(now)s, now())
+    RETURNING j.*
+), ended AS (
+    INSERT INTO job_attempts (job_id, attempt, queue, started_at, finished_at, outcome, error,
+                              lease_owner)
+    SELECT id, attempts, origin_queue, started_at, finished_at, 'failed', %(error)s,
+           lease_owner
+      FROM done
+)
+SELECT * FROM done;
+
+-- name: hand_back_attempt
+-- Graceful shutdown: an attempt stopped by it (or claimed and never started) goes back to its
+-- queue, due now, without spending an attempt. Fenced like complete_attempt.
+UPDATE jobs
+   SET status = CASE WHEN attempts > 1 THEN 'retrying' ELSE 'queued' END,
+       attempts = attempts - 1, run_after = coalesce(%(now)s, now()), expires_at = NULL,
+       deadline_at = NULL
+ WHERE id = %(job_id)s AND lease_owner = %(lease_owner)s AND status = 'active'
+   AND expires_at >= coalesce(%(now)s, now())
+RETURNING id, pg_notify(notify_channel(), 'job:' || origin_queue) AS woke;
+
+-- name: report_progress
+-- A handler's progress. Fenced like complete_attempt: a stale attempt reports nothing.
+UPDATE jobs
+   SET processed_units = %(processed)s, total_units = coalesce(%(total)s, total_units)
+ WHERE id = %(job_id)s AND lease_owner = %(lease_owner)s AND status = 'active'
+   AND expires_at >= coalesce(%(now)s, now())
+RETURNING id;
+
+-- name: renew_job_lease
+-- The lease keeper extends an attempt's lease, never past its deadline (the start plus the
+-- queue's expire). Invariant: only the holder's token renews, and only while the lease is
+-- still valid; nothing back means the lease is lost (or the attempt reached its expiry).
+UPDATE jobs
+   SET expires_at = least(now() + %(lease)s, deadline_at)
+ WHERE id = %(job_id)s AND lease_owner = %(lease_owner)s AND status = 'active'
+   AND expires_at >= now() AND deadline_at > now()
+RETURNING id;
+
+-- name: read_job_control
+-- The lease keeper's control read: cancelled while it ran (the token is still ours), still
+-- ours and active, or lost.
+SELECT status, lease_owner = %(lease_owner)s AS ours FROM jobs WHERE id = %(job_id)s;
+
+-- name: cancel_job
+-- Cancels a queued, retrying or active job at once; an active attempt is recorded as
+-- cancelled, and its holder learns it from its control read (the token stays on the row, so
+-- the holder can tell a cancel from a lost lease). The job's status before comes back too, so
+-- a job that cannot be cancelled is named with it.
+WITH old AS (
+    SELECT id, status, attempts, queue, started_at, lease_owner
+      FROM jobs WHERE id = %(job_id)s FOR UPDATE
+), done AS (
+    UPDATE jobs j
+       SET status = 'cancelled', finished_at = coalesce(%(now)s, now()), expires_at = NULL,
+           deadline_at = NULL
+      FROM old
+     WHERE j.id = old.id AND old.status IN ('queued', 'retrying', 'active')
+    RETURNING j.*
+), ended AS (
+    INSERT INTO job_attempts (job_id, attempt, queue, started_at, finished_at, outcome, error,
+                              lease_owner)
+    SELECT old.id, old.attempts, old.queue, old.started_at, coalesce(%(now)s, now()),
+           'cancelled', 'cancelled while it ran', old.lease_owner
+      FROM old JOIN done ON done.id = old.id
+     WHERE old.status = 'active'
+)
+SELECT old.status AS previous, done.* FROM old LEFT JOIN done ON done.id = old.id;
+
+-- name: make_retrying_due
+-- An operator's retry of a retrying job: due now.
+UPDATE jobs SET run_after = coalesce(%(now)s, now())
+ WHERE id = %(job_id)s AND status = 'retrying'
+RETURNING *, pg_notify(notify_channel(), 'job:' || origin_queue) AS woke;
+
+-- name: requeue_job
+-- A dead or cancelled job back to the queue it was sent to, queued now with a fresh set of
+-- attempts. Invariant: the singleton index still decides; a slot held by another pending job
+-- raises a unique violation, and the caller names that job.
+UPDATE jobs j
+   SET queue = j.origin_queue, status = 'queued', attempts = 0,
+       run_after = coalesce(%(now)s, now()), finished_at = NULL, expires_at = NULL,
+       deadline_at = NULL,
+       slot = CASE WHEN q.policy = 'exclusive' THEN coalesce(j.key, '') END
+  FROM job_queues q
+ WHERE q.name = j.origin_queue AND j.id = %(job_id)s AND j.status IN ('dead', 'cancelled')
+RETURNING j.*, pg_notify(notify_channel(), 'job:' || j.origin_queue) AS woke;
+
+-- name: slot_holder
+-- The pending job holding a slot of an exclusive queue, if any.
+SELECT j.id FROM jobs j JOIN job_queues q ON q.name = j.origin_queue
+ WHERE j.origin_queue = %(queue)s AND q.policy = 'exclusive'
+   AND j.slot = coalesce(%(key)s, '') AND j.status IN ('queued', 'retrying', 'active');
+
+-- name: dead_jobs
+SELECT id FROM jobs WHERE queue = %(queue)s AND status = 'dead' ORDER BY id;
+
+-- name: upsert_schedule
+-- One schedule per queue; scheduling again replaces it but keeps the tick fired last.
+INSERT INTO job_schedules (queue, cron, payload, next_tick)
+VALUES (%(queue)s, %(cron)s, %(payload)s, %(next_tick)s)
+ON CONFLICT (queue) DO UPDATE
+   SET cron = EXCLUDED.cron, payload = EXCLUDED.payload, next_tick = EXCLUDED.next_tick,
+       updated_at = now()
+RETURNING *;
+
+-- name: delete_schedule
+DELETE FROM job_schedules WHERE queue = %(queue)s RETURNING queue;
+
+-- name: list_schedules
+SELECT * FROM job_schedules ORDER BY queue;
+
+-- name: due_schedules
+-- Schedules whose first unfired tick has come; firing each is fire_schedule_v1's job.
+SELECT queue, cron, next_tick FROM job_schedules
+ WHERE next_tick <= coalesce(%(now)s, now()) ORDER BY queue;
+
+-- name: fire_schedule
+-- Invariant in fire_schedule_v1: a tick fires once across all workers.
+SELECT fire_schedule_v1(%(queue)s, %(expected)s, %(tick)s, %(next_tick)s,
+                        %(now)s::timestamptz) AS job_id;
+
+-- name: database_now
+SELECT now() AS now;
+
+-- name: queue_stats
+-- Per queue: jobs waiting, running, retrying and dead, and the earliest due time among the
+-- waiting ones that are due. Reads only jobs that are not completed or cancelled.
+SELECT q.name, q.policy,
+       count(j.id) FILTER (WHERE j.status = 'queued') AS queued,
+       count(j.id) FILTER (WHERE j.status = 'active') AS active,
+       count(j.id) FILTER (WHERE j.status = 'retrying') AS retrying,
+       count(j.id) FILTER (WHERE j.status = 'dead') AS dead,
+       min(j.run_after) FILTER (WHERE j.status IN ('queued', 'retrying')
+                                  AND j.run_after <= coalesce(%(now)s, now())) AS oldest_due_at
+  FROM job_queues q
+  LEFT JOIN jobs j ON j.queue = q.name AND j.status IN ('queued', 'active', 'retrying', 'dead')
+ GROUP BY q.name, q.policy
+ ORDER BY q.name;
+
+-- name: prune_jobs
+-- Retention: finished jobs older than their queue's retention go, with their attempts, in
+-- bounded batches.
+DELETE FROM jobs WHERE id IN (
+    SELECT j.id FROM jobs j JOIN job_queues q ON q.name = j.queue
+     WHERE j.status IN ('completed', 'dead', 'cancelled')
+       AND j.finished_at + make_interval(secs => q.retention) < coalesce(%(now)s, now())
+     LIMIT %(limit)s)
+RETURNING id;
+
+-- name: set_worker_lanes
+-- What a worker serves of the application queues, shown by `connector-sync workers`. Only
+-- the incarnation that owns the row writes it.
+UPDATE workers SET lanes = %(lanes)s WHERE id = %(worker_id)s AND incarnation = %(incarnation)s;
+
+-- name: lanes_online
+-- Lanes per queue among live workers (heartbeat within stale_seconds, not stopped).
+SELECT l.key AS queue, sum(l.value::integer)::integer AS lanes
+  FROM workers w, jsonb_each_text(w.lanes) l
+ WHERE w.stopped_at IS NULL AND w.lanes IS NOT NULL
+   AND w.heartbeat_at >= now() - make_interval(secs => %(stale_seconds)s)
+ GROUP BY l.key;

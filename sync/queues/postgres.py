@@ -1,0 +1,490 @@
+"""The Postgres implementation of the queues port, over the tables of migration 0010 and the
+statements of ``sql/queues.sql`` (through :class:`sync.queues.store.JobStore`). It passes the
+same contract suite as :class:`sync.queues.memory.InMemoryQueues`.
+
+Time: with a ``clock`` (tests pass a :class:`ManualClock`) every statement is given that clock's
+now, as River's driver takes ``now``; without one, every statement uses the database's own
+``now()``, so workers on machines whose clocks disagree still agree on when a job is due.
+
+A worker's lanes (``sync.job_lanes``) use :meth:`claim` and :meth:`execute`; tests and
+single-threaded tools use :meth:`run_due`."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from sync.abort import AbortSignal
+from sync.errors import Conflict, InvalidInput, NotFound
+from sync.queues.admission import check_key_text, due_time, key_on_standard
+from sync.queues.clock import Clock
+from sync.queues.cron import firing, next_tick, parse_cron
+from sync.queues.declarations import QueueSpec
+from sync.queues.failures import one_line
+from sync.queues.models import (
+    AttemptOutcome,
+    Job,
+    JobAttempt,
+    JobStatus,
+    QueueStats,
+    Redrive,
+    Schedule,
+)
+from sync.queues.payloads import json_payload
+from sync.queues.port import DeadHook, Handler, JobRunner, Queues
+from sync.queues.registry import HandlerRegistry, Registration
+from sync.queues.retries import Fate, fate_after
+from sync.queues.store import ClaimedJob, ConnectionSource, JobStore
+from sync.retry_policy import AbortReason
+
+log = logging.getLogger("sync.queues")
+
+MAX_LIST = 1000
+PRUNE_BATCH = 5000
+DEFAULT_LEASE = 120.0
+
+
+class AttemptHandle:
+    """What a handler gets as its ``abort``: the attempt's abort signal (tripped by a cancel,
+    a lost lease, the attempt's expiry or a shutdown) and its fenced progress report."""
+
+    def __init__(self, signal: AbortSignal, report: Callable[[int, int | None], bool]) -> None:
+        self.signal = signal
+        self._report = report
+
+    @property
+    def is_set(self) -> bool:
+        return self.signal.is_set
+
+    def wait(self, seconds: float) -> bool:
+        return self.signal.wait(seconds)
+
+    def report_progress(self, processed: int, total: int | None = None) -> bool:
+        return self._report(processed, total)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """An attempt a claim started in this process."""
+
+    job: Job
+    lease_owner: UUID
+    spec: QueueSpec
+    registration: Registration
+    signal: AbortSignal
+
+
+class PostgresQueues(Queues, JobRunner):
+    """``pool``: the engine's pool (autocommit connections, dict rows, the schema on the
+    search path). ``lease``: the seconds a claim holds an attempt before it must be renewed
+    (never more than the queue's expire)."""
+
+    def __init__(
+        self,
+        pool: ConnectionSource,
+        *,
+        clock: Clock | None = None,
+        rand: Callable[[], float] = random.random,
+        lease: float = DEFAULT_LEASE,
+    ) -> None:
+        self.store = JobStore(pool)
+        self._clock = clock
+        self._rand = rand
+        self.lease = lease
+        self.handlers = HandlerRegistry()
+        # The attempts running in this process, by job: a cancel or a claim taking a job back
+        # here trips the stale attempt's signal at once (other processes learn it from their
+        # lease keeper's control read).
+        self._local: dict[int, tuple[UUID, AbortSignal]] = {}
+        self._local_lock = threading.Lock()
+
+    def _now(self) -> datetime | None:
+        return None if self._clock is None else self._clock.now()
+
+    def _moment(self) -> datetime:
+        return self._clock.now() if self._clock is not None else self.store.database_now()
+
+    # Declarations
+
+    def declare_queue(self, spec: QueueSpec) -> QueueSpec:
+        with self.store.transaction() as conn:
+            if (
+                spec.dead_letter is not None
+                and self.store.get_queue(spec.dead_letter, conn) is None
+            ):
+                raise NotFound(
+                    f"queue {spec.name!r} names dead-letter queue {spec.dead_letter!r}, which "
+                    "does not exist; declare it first"
+                )
+            existing = self.store.lock_queue(conn, spec.name)
+            if existing is not None and existing.policy is not spec.policy:
+                pending = self.store.count_pending(conn, spec.name)
+                if pending:
+                    raise Conflict(
+                        f"queue {spec.name!r} has {pending} pending job(s); its policy can "
+                        "change only while it has none"
+                    )
+            return self.store.upsert_queue(conn, spec)
+
+    def get_queue(self, name: str) -> QueueSpec:
+        spec = self.store.get_queue(name)
+        if spec is None:
+            raise NotFound(f"no queue named {name!r}; declare it first")
+        return spec
+
+    def list_queues(self) -> list[QueueSpec]:
+        return self.store.list_queues()
+
+    def delete_queue(self, name: str) -> None:
+        with self.store.transaction() as conn:
+            if self.store.lock_queue(conn, name) is None:
+                raise NotFound(f"no queue named {name!r}; declare it first")
+            pending = self.store.count_pending(conn, name)
+            if pending:
+                raise Conflict(
+                    f"queue {name!r} has {pending} queued, retrying or active job(s); cancel "
+                    "them or let them finish first"
+                )
+            users = self.store.dead_letter_users(conn, name)
+            if users:
+                raise Conflict(
+                    f"queue {name!r} is the dead-letter queue of {', '.join(users)}; give "
+                    "them another one first"
+                )
+            self.store.delete_queue(conn, name)
+
+    # Handlers
+
+    def register(self, queue: str, handler: Handler, *, on_dead: DeadHook | None = None) -> None:
+        self.handlers.register(queue, handler, on_dead=on_dead)
+
+    # Jobs
+
+    def send(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        key: str | None = None,
+        start_after: datetime | timedelta | None = None,
+    ) -> int:
+        check_key_text(queue, key)
+        value = json_payload(queue, payload)
+        now = self._now()
+        delay, at = _start(now, start_after)
+        try:
+            sent = self.store.send(queue, value, key, now=now, delay=delay, at=at)
+        except psycopg.errors.ForeignKeyViolation:  # the queue was deleted meanwhile
+            sent = None
+        if sent is None or sent.outcome == "no_queue":
+            raise NotFound(f"no queue named {queue!r}; declare it first")
+        if sent.outcome == "key_on_standard":
+            raise key_on_standard(queue)
+        assert sent.job_id is not None
+        return sent.job_id
+
+    def get_job(self, job_id: int) -> Job:
+        job = self.store.get_job(job_id)
+        if job is None:
+            raise NotFound(f"no job {job_id}")
+        return job
+
+    def list_jobs(
+        self, *, queue: str | None = None, status: JobStatus | None = None, limit: int = 50
+    ) -> list[Job]:
+        if not 1 <= limit <= MAX_LIST:
+            raise InvalidInput(f"limit must be from 1 to {MAX_LIST}, not {limit}")
+        return self.store.list_jobs(queue, status, limit)
+
+    def attempts(self, job_id: int) -> list[JobAttempt]:
+        found = self.store.attempts(job_id)
+        if not found:
+            self.get_job(job_id)
+        return found
+
+    def cancel_job(self, job_id: int) -> Job:
+        cancelled = self.store.cancel(job_id, self._now())
+        if cancelled.previous is None:
+            raise NotFound(f"no job {job_id}")
+        if cancelled.job is None:
+            raise Conflict(
+                f"job {job_id} is {cancelled.previous}; only queued, retrying or active jobs "
+                "can be cancelled"
+            )
+        if cancelled.lease_owner is not None:
+            self._trip_local(job_id, cancelled.lease_owner, AbortReason.CANCELLED)
+        return cancelled.job
+
+    def retry_job(self, job_id: int) -> Job:
+        job = self.get_job(job_id)
+        now = self._now()
+        if job.status is JobStatus.RETRYING:
+            due = self.store.make_retrying_due(job_id, now)
+            if due is not None:
+                return due
+            job = self.get_job(job_id)  # it was claimed meanwhile
+        if job.status in (JobStatus.DEAD, JobStatus.CANCELLED):
+            return self._requeue(job, now)
+        raise Conflict(
+            f"job {job_id} is {job.status}; only dead, cancelled or retrying jobs can be "
+            "retried (send a new job instead)"
+        )
+
+    def _requeue(self, job: Job, now: datetime | None) -> Job:
+        try:
+            requeued = self.store.requeue(job.id, now)
+        except psycopg.errors.UniqueViolation:
+            holder = self.store.slot_holder(job.origin_queue, job.key)
+            raise Conflict(
+                f"job {job.id} cannot go back to queue {job.origin_queue!r}: job {holder} with "
+                "the same key is pending there and does its work"
+            ) from None
+        if requeued is not None:
+            return requeued
+        if self.store.get_queue(job.origin_queue) is None:
+            raise NotFound(
+                f"job {job.id}'s queue {job.origin_queue!r} no longer exists; declare it "
+                "again to retry the job"
+            )
+        now_job = self.get_job(job.id)
+        raise Conflict(
+            f"job {job.id} is {now_job.status}; only dead, cancelled or retrying jobs can be "
+            "retried (send a new job instead)"
+        )
+
+    def redrive(self, queue: str) -> Redrive:
+        self.get_queue(queue)
+        now = self._now()
+        redriven: list[int] = []
+        skipped: list[int] = []
+        for job_id in self.store.dead_jobs(queue):
+            job = self.store.get_job(job_id)
+            if job is None or job.status is not JobStatus.DEAD:
+                continue
+            try:
+                self._requeue(job, now)
+            except (Conflict, NotFound):
+                skipped.append(job_id)
+            else:
+                redriven.append(job_id)
+        return Redrive(tuple(redriven), tuple(skipped))
+
+    # Cron
+
+    def schedule(self, queue: str, cron: str, *, payload: Any = None) -> Schedule:
+        expression = parse_cron(cron)
+        self.get_queue(queue)
+        value = json_payload(queue, payload)
+        try:
+            return self.store.upsert_schedule(
+                queue, expression, value, next_tick(expression, self._moment())
+            )
+        except psycopg.errors.ForeignKeyViolation:
+            raise NotFound(f"no queue named {queue!r}; declare it first") from None
+
+    def unschedule(self, queue: str) -> bool:
+        return self.store.delete_schedule(queue)
+
+    def list_schedules(self) -> list[Schedule]:
+        return self.store.list_schedules()
+
+    def enqueue_due_schedules(self) -> list[int]:
+        now = self._moment()
+        sent: list[int] = []
+        for queue, cron, pending in self.store.due_schedules(now):
+            fire = firing(cron, pending, now)
+            if fire.tick is None:
+                continue
+            job_id = self.store.fire_schedule(queue, pending, fire.tick, fire.next_tick, now)
+            if job_id is not None:
+                sent.append(job_id)
+        return sent
+
+    # What operators watch
+
+    def queue_stats(self) -> list[QueueStats]:
+        return self.store.queue_stats(self._now())
+
+    # Running jobs
+
+    def claim(self, queues: list[str], limit: int) -> list[Attempt]:
+        """Start up to ``limit`` attempts of due jobs of ``queues`` (each must have a handler
+        here). Jobs the claim dead-lettered (an expired attempt with none left) have their
+        on_dead hook called here, once."""
+        return self._claim(queues, limit)[0]
+
+    def _claim(self, queues: list[str], limit: int) -> tuple[list[Attempt], int]:
+        """The attempts started, and how many jobs the claim took (dead-lettered ones too)."""
+        attempts: list[Attempt] = []
+        claimed_rows = self.store.claim(queues, limit, self.lease, self._now())
+        for claimed in claimed_rows:
+            registration = self.handlers.get(claimed.job.origin_queue)
+            if claimed.job.status is JobStatus.DEAD:
+                self._stale_attempt_ends(claimed.job.id)
+                self._call_hook(registration, claimed.job)
+                continue
+            assert registration is not None, "claimed a job of a queue without a handler"
+            attempts.append(self._started(claimed, registration))
+        return attempts, len(claimed_rows)
+
+    def _started(self, claimed: ClaimedJob, registration: Registration) -> Attempt:
+        signal = AbortSignal()
+        with self._local_lock:
+            stale = self._local.get(claimed.job.id)
+            self._local[claimed.job.id] = (claimed.lease_owner, signal)
+        if stale is not None:  # this process ran the attempt the claim took back
+            stale[1].trip(AbortReason.LEASE_LOST)
+        return Attempt(claimed.job, claimed.lease_owner, claimed.spec, registration, signal)
+
+    def execute(
+        self, attempt: Attempt, *, complete_later: Callable[[Attempt], object] | None = None
+    ) -> AttemptOutcome | None:
+        """Run the attempt's handler and apply its end, fenced by the attempt's token; the
+        outcome, or None when the attempt had lost the job by then (cancelled, taken back or
+        past its expiry) and its end changed nothing. With ``complete_later``, a handler that
+        returned is handed to it (which calls :meth:`complete_many` soon, with others)."""
+        job = attempt.job
+        handle = AttemptHandle(
+            attempt.signal,
+            lambda done, total: self.store.report_progress(
+                job.id, attempt.lease_owner, done, total, self._now()
+            ),
+        )
+        try:
+            try:
+                attempt.registration.handler(job, handle)
+            except Exception as exc:
+                error: str | None = one_line(exc)
+                log.warning(
+                    "job %s of queue %s failed attempt %s: %s",
+                    job.id,
+                    job.origin_queue,
+                    job.attempts,
+                    error,
+                )
+            else:
+                error = None
+                if complete_later is not None:
+                    complete_later(attempt)
+                    return AttemptOutcome.COMPLETED
+            return self._end(attempt, error)
+        finally:
+            with self._local_lock:
+                if self._local.get(job.id, (None,))[0] == attempt.lease_owner:
+                    del self._local[job.id]
+
+    def complete_many(self, attempts: list[Attempt]) -> set[int]:
+        """Complete attempts whose handlers returned, in one statement, each fenced by its
+        token; the ids of the jobs completed (the others had lost their job)."""
+        done = self.store.complete_many([(a.job.id, a.lease_owner) for a in attempts], self._now())
+        for attempt in attempts:
+            if attempt.job.id not in done:
+                log.info(
+                    "job %s: attempt %s ended after it lost the job",
+                    attempt.job.id,
+                    attempt.job.attempts,
+                )
+        return done
+
+    def hand_back(self, attempt: Attempt) -> bool:
+        """An attempt claimed but not run, or stopped by a graceful shutdown, back to its
+        queue without spending an attempt; False if it had lost the job already."""
+        with self._local_lock:
+            if self._local.get(attempt.job.id, (None,))[0] == attempt.lease_owner:
+                del self._local[attempt.job.id]
+        return self.store.hand_back(attempt.job.id, attempt.lease_owner, self._now())
+
+    def _end(self, attempt: Attempt, error: str | None) -> AttemptOutcome | None:
+        job, owner, now = attempt.job, attempt.lease_owner, self._now()
+        if error is not None and attempt.signal.reason is AbortReason.SHUTDOWN:
+            # The handler stopped because the worker is stopping: not the job's failure.
+            if self.store.hand_back(job.id, owner, now):
+                log.info("job %s handed back at shutdown", job.id)
+            return None
+        outcome = AttemptOutcome.COMPLETED if error is None else AttemptOutcome.FAILED
+        decision = fate_after(outcome, attempts=job.attempts, queue=attempt.spec, rand=self._rand)
+        if decision.fate is Fate.COMPLETE:
+            applied = self.store.complete(job.id, owner, now)
+        elif decision.fate is Fate.RETRY:
+            assert error is not None
+            applied = self.store.retry(job.id, owner, error, decision.delay, now)
+        else:
+            assert error is not None
+            dead = self.store.bury(job.id, owner, error, now)
+            applied = dead is not None
+            if dead is not None:
+                self._call_hook(attempt.registration, dead)
+        if not applied:
+            log.info("job %s: attempt %s ended after it lost the job", job.id, job.attempts)
+            return None
+        return outcome
+
+    def run_due(self, *, limit: int = 1000) -> int:
+        self.enqueue_due_schedules()
+        served = sorted(self.handlers.queues())
+        ran = 0
+        while served and ran < limit:
+            attempts, taken = self._claim(served, 1)
+            if not taken:
+                break
+            for attempt in attempts:
+                self.execute(attempt)
+                ran += 1
+        return ran
+
+    def prune(self) -> int:
+        gone = 0
+        while True:
+            batch = self.store.prune(self._now(), PRUNE_BATCH)
+            gone += batch
+            if batch < PRUNE_BATCH:
+                return gone
+
+    # Internals
+
+    def _trip_local(self, job_id: int, owner: UUID, reason: AbortReason) -> None:
+        with self._local_lock:
+            held = self._local.get(job_id)
+        if held is not None and held[0] == owner:
+            held[1].trip(reason)
+
+    def _stale_attempt_ends(self, job_id: int) -> None:
+        with self._local_lock:
+            held = self._local.pop(job_id, None)
+        if held is not None:
+            held[1].trip(AbortReason.LEASE_LOST)
+
+    def _call_hook(self, registration: Registration | None, job: Job) -> None:
+        if registration is None or registration.on_dead is None:
+            return
+        try:
+            registration.on_dead(job)
+        except Exception as exc:
+            log.error(
+                "the on_dead hook of queue %s failed for job %s: %s",
+                job.origin_queue,
+                job.id,
+                one_line(exc),
+            )
+
+
+def _start(
+    now: datetime | None, start_after: datetime | timedelta | None
+) -> tuple[float | None, datetime | None]:
+    """A send's start as the database takes it: a delay in seconds, or a time."""
+    if start_after is None:
+        return None, None
+    if now is not None:
+        return None, due_time(now, start_after)
+    if isinstance(start_after, timedelta):
+        return max(start_after.total_seconds(), 0.0), None
+    due_time(datetime.now(UTC), start_after)  # refuses a naive time, or what is no time
+    return None, start_after

@@ -1,0 +1,100 @@
+"""``connector-sync queues`` and ``jobs``: queues created, changed and deleted, jobs sent, read,
+cancelled, retried and redriven, all through the Python API; mistakes are one line and exit 2;
+tables fit 80 columns."""
+
+from __future__ import annotations
+
+import pytest
+
+from sync.queues import JobStatus
+from tests.cli_backends import Backend, Cli
+
+pytestmark = pytest.mark.parametrize("backend", ["database_url"], indirect=True)
+
+
+def test_queues_and_jobs_from_the_command_line(cli: Cli, backend: Backend) -> None:
+    cli("queues", "create", "docs.dead", "--retention", "30d").ok()
+    made = cli(
+        "queues",
+        "create",
+        "docs.ingest",
+        "--retry-limit",
+        "0",
+        "--retry-delay",
+        "10s",
+        "--retry-ceiling",
+        "1m",
+        "--expire",
+        "5m",
+        "--dead-letter",
+        "docs.dead",
+        "--json",
+    ).json()
+    assert made == {
+        "name": "docs.ingest",
+        "policy": "standard",
+        "retry_limit": 0,
+        "retry_delay": 10.0,
+        "retry_ceiling": 60.0,
+        "expire": 300.0,
+        "dead_letter": "docs.dead",
+        "retention": 604800.0,
+    }
+    cli("queues", "create", "docs.sync", "--policy", "exclusive").ok()
+    cli("queues", "create", "docs.sync").one_line_error("already exists", "queues update")
+    cli("queues", "create", "docs.x", "--policy", "fifo").one_line_error("--policy")
+    cli("queues", "create", "Bad Name").one_line_error("queue 'Bad Name'")
+    cli("queues", "create", "docs.y", "--dead-letter", "nowhere").one_line_error("declare it")
+    assert (
+        cli("queues", "update", "docs.ingest", "--retry-limit", "1", "--json").json()["retry_limit"]
+        == 1
+    )
+
+    sent = cli("jobs", "send", "docs.ingest", "--payload", '{"doc": "a.pdf"}', "--json").json()
+    assert (sent["status"], sent["payload"]) == ("queued", {"doc": "a.pdf"})
+    keyed = cli("jobs", "send", "docs.sync", "--key", "s1", "--json").json()["id"]
+    assert cli("jobs", "send", "docs.sync", "--key", "s1", "--json").json()["id"] == keyed
+    cli("jobs", "send", "docs.ingest", "--payload", "{bad").one_line_error("--payload")
+    cli("jobs", "send", "docs.ingest", "--key", "k").one_line_error("exclusive")
+    cli("jobs", "send", "nowhere").one_line_error("no queue named 'nowhere'")
+
+    table = cli("queues", columns=80).ok().out
+    assert all(len(line) <= 80 for line in table.splitlines()), table
+    assert "docs.ingest" in table and "exclusive" in table
+    figures = {q["name"]: q for q in cli("queues", "--json").json()}
+    assert figures["docs.ingest"]["queued"] == 1 and figures["docs.sync"]["queued"] == 1
+    assert figures["docs.ingest"]["lanes_online"] == 0
+    assert figures["docs.ingest"]["oldest_queued_seconds"] >= 0
+
+    listed = cli("jobs", "list", "--queue", "docs.sync", "--json").json()
+    assert [j["id"] for j in listed] == [keyed]
+    listing = cli("jobs", "list", columns=80).ok().out
+    assert all(len(line) <= 80 for line in listing.splitlines()), listing
+    cli("jobs", "list", "--status", "nope").one_line_error("--status")
+
+    # A handler that fails: dead in docs.dead after its two attempts, then redriven.
+    with backend.engine() as engine:
+        engine.queues.register("docs.ingest", lambda job, abort: 1 / 0)
+        assert engine.queues.run_due() == 1
+        engine.queues.retry_job(sent["id"])  # the retry is due now
+        assert engine.queues.run_due() == 1
+        assert engine.queues.get_job(sent["id"]).status is JobStatus.DEAD
+    shown = cli("jobs", "show", str(sent["id"]), "--json").json()
+    assert (shown["queue"], shown["status"]) == ("docs.dead", "dead")
+    assert [a["outcome"] for a in shown["attempt_history"]] == ["failed", "failed"]
+    text = cli("jobs", "show", str(sent["id"]), columns=80).ok().out
+    assert "ZeroDivisionError" in text and all(len(line) <= 80 for line in text.splitlines())
+    assert cli("jobs", "redrive", "docs.dead", "--json").json() == {
+        "redriven": [sent["id"]],
+        "skipped": [],
+    }
+    cli("jobs", "cancel", str(sent["id"])).ok()
+    cli("jobs", "cancel", str(sent["id"])).one_line_error("cancelled")
+    assert cli("jobs", "retry", str(sent["id"]), "--json").json()["status"] == "queued"
+    cli("jobs", "show", "999999").one_line_error("no job 999999")
+
+    cli("queues", "delete", "docs.dead").one_line_error("dead-letter queue of docs.ingest")
+    cli("queues", "delete", "docs.sync").one_line_error("1 queued")
+    cli("jobs", "cancel", str(keyed)).ok()
+    cli("queues", "delete", "docs.sync").ok()
+    assert "docs.sync" not in {q["name"] for q in cli("queues", "--json").json()}
