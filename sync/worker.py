@@ -44,15 +44,9 @@ from sync.queries import QUERIES
 from sync.queues.postgres import PostgresQueues
 from sync.retry_policy import AbortReason
 from sync.secrets import SecretBox
-from sync.services import (
-    Cleaner,
-    Heartbeat,
-    ScheduleEnqueuer,
-    SeenKeySweeper,
-    Service,
-    TestSignal,
-)
+from sync.services import Cleaner, Heartbeat, ScheduleEnqueuer, SeenKeySweeper, Service
 from sync.settings import Settings
+from sync.signals import TestSignal
 
 log = logging.getLogger("sync.worker")
 

@@ -1,15 +1,41 @@
-"""Waiting on what the code under test does, never on the clock: a statement of the engine
-blocked on a lock (read from pg_stat_activity), a worker process that stopped itself at a known
-point (``waitpid``), a line a process logs."""
+"""Waiting on what the code under test does, never on the clock: a condition checked again at
+each emission of one of the engine's signals, a statement of the engine blocked on a lock (read
+from pg_stat_activity), a worker process that stopped itself at a known point (``waitpid``)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
+from sync.signals import TestSignal
 from tests.conftest import DIRECT_URL
+
+
+def until(condition: Callable[[], Any], signal: TestSignal, timeout: float = 60.0) -> None:
+    """Until ``condition`` holds, checked now and again after each emission of ``signal`` (the
+    event that can make it true); ``timeout`` only bounds a test that is broken."""
+    while True:
+        seen = signal.count
+        if condition():
+            return
+        if not signal.wait_for(seen + 1, timeout):
+            raise AssertionError("the condition did not come true, and the signal went quiet")
+
+
+def poll_until(condition: Callable[[], Any], timeout: float = 60.0) -> None:
+    """Until ``condition`` holds, reading it every 50 ms. Only for a state that another process
+    writes and nothing signals to this one (an application-queue worker process completing its
+    jobs): everything else waits on a signal."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
 
 
 def wait_until_blocked(schema: str, *, reads: int = 1_000_000) -> None:

@@ -3,12 +3,13 @@ and tests call), ``start()``/``stop()`` (a timer thread of its own, so a long ru
 it) and test signals. The heartbeat and the schedule enqueuer run on every worker; the sweeper
 and the cleaner run on one worker of the fleet per interval (a durable marker in the database)."""
 
-from sync.services.base import Service, ServiceSignals, TestSignal
+from sync.services.base import Service, ServiceSignals
 from sync.services.cleaner import Cleaner, Kind, PruneReport, RetentionRules, prune
 from sync.services.fleet_task import FleetTask
 from sync.services.heartbeat import Heartbeat
 from sync.services.schedules import ScheduleEnqueuer
 from sync.services.sweeper import SeenKeySweeper
+from sync.signals import TestSignal
 
 __all__ = [
     "Cleaner",

@@ -20,6 +20,7 @@ import psycopg
 from psycopg_pool import PoolClosed, PoolTimeout
 
 from sync.db import first_line
+from sync.signals import TestSignal
 
 T = TypeVar("T")
 
@@ -27,37 +28,6 @@ log = logging.getLogger("sync.services")
 
 Clock = Callable[[], float]
 """Seconds on a monotonic scale; ``time.monotonic`` unless a test drives it."""
-
-
-class TestSignal:
-    """Counts emissions; a test waits for the next one, or for a total, instead of sleeping."""
-
-    __test__ = False  # not a pytest test class
-
-    def __init__(self) -> None:
-        self._count = 0
-        self._cond = threading.Condition()
-
-    @property
-    def count(self) -> int:
-        with self._cond:
-            return self._count
-
-    def emit(self) -> None:
-        with self._cond:
-            self._count += 1
-            self._cond.notify_all()
-
-    def wait_for(self, count: int, timeout: float = 30.0) -> bool:
-        """Until ``count`` emissions in all have happened; False if ``timeout`` passed first."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._count >= count, timeout)
-
-    def wait_next(self, timeout: float = 30.0) -> bool:
-        """Until one more emission than there have been so far."""
-        with self._cond:
-            target = self._count + 1
-            return self._cond.wait_for(lambda: self._count >= target, timeout)
 
 
 class ServiceSignals:
