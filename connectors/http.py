@@ -86,6 +86,7 @@ class _Sink:
         where: str,
         deadline: float,
         check_abort: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.discard()
         declared = int(response.headers.get("content-length") or 0)
@@ -98,7 +99,7 @@ class _Sink:
                 raise self._too_large(where)
             self.digest.update(chunk)
             self.out.write(chunk)
-            if time.monotonic() > deadline:
+            if clock() > deadline:
                 raise _Transient(f"{where}: the content took over {self.timeout:g} s to arrive")
         kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
         self.media_type = kind or None
@@ -139,8 +140,11 @@ class HttpClient:
         max_inline_wait: float | None = None,
         on_response: Callable[[httpx.Response], None] | None = None,
         classify_response: ResponseClassifier | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._context = context
+        # Seconds on a monotonic scale, for the total timeouts; a test may drive it.
+        self._clock = clock
         self._auth = auth
         self._total_timeout = total_timeout
         self._max_body = max_body_bytes
@@ -436,12 +440,12 @@ class HttpClient:
         )
         where = f"{method} {_display(request.url)}"
         timeout = self._total_timeout if sink is None else sink.timeout
-        deadline = time.monotonic() + timeout
+        deadline = self._clock() + timeout
         try:
             response = self._follow(request, follow_redirects, credentials, where)
             try:
                 if sink is not None and response.is_success:
-                    sink.receive(response, where, deadline, self._context.check_abort)
+                    sink.receive(response, where, deadline, self._context.check_abort, self._clock)
                     body = b""
                 else:
                     body = self._read_body(response, where, deadline)
@@ -495,7 +499,7 @@ class HttpClient:
                 raise PermanentError(
                     f"{where}: the body is over the limit of {self._max_body} bytes"
                 )
-            if time.monotonic() > deadline:
+            if self._clock() > deadline:
                 raise _Transient(f"{where}: the body took over {self._total_timeout:g} s to arrive")
         return bytes(body)
 

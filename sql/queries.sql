@@ -566,19 +566,9 @@ RETURNING 1;
 
 -- name: clear_seen_keys
 -- Drops the seen keys a finished run left behind (a table that did not complete). Only the run's
--- own worker calls this; sweep_seen_keys collects those of runs whose worker died.
+-- own worker calls this; prune_seen_keys_batch (maintenance.sql) collects those of runs whose
+-- worker died.
 DELETE FROM run_seen_keys WHERE run_id = %(run_id)s;
-
--- name: sweep_seen_keys
--- Deletes, in a bounded batch, seen keys of runs that have ended (or were deleted): a run that
--- waits in the queue keeps its keys for its next attempt.
-WITH stale AS (
-    SELECT k.ctid FROM run_seen_keys k
-     WHERE NOT EXISTS (SELECT 1 FROM connection_runs r
-                        WHERE r.id = k.run_id AND r.status IN ('queued', 'running'))
-     LIMIT %(limit)s
-)
-DELETE FROM run_seen_keys k USING stale WHERE k.ctid = stale.ctid;
 
 -- name: purge_records_batch
 -- Deletes one bounded batch of a deleted connection's records, and records how many the purge
@@ -903,7 +893,7 @@ SELECT set_config('statement_timeout', %(timeout)s, true);
 -- What /metrics exports from the database, in one statement, hence from one snapshot. Every part
 -- reads an index that holds only what it counts, so a scrape costs the same however much history
 -- retention keeps: the live runs and the queue (connection_runs_claimable), the runs finished in
--- the last `window_seconds` and their per-table record counts (connection_runs_finished), the
+-- the last `window_seconds` and their per-table record counts (connection_runs_retention), the
 -- dead letters (connection_runs_dead_letters), and the workers. Read-only.
 WITH live AS (
     SELECT kind, provider, status, count(*) AS count

@@ -33,7 +33,6 @@ from sync.migrations import Migration, check_schema, grant, migrate
 from sync.models import Attempt, Connection, Record, Run, WorkerInfo, Workspace
 from sync.names import check_name, check_workspace_name, workspace_ref
 from sync.overview import (
-    STALE_HEARTBEATS,
     ConnectionOverview,
     MetricsSnapshot,
     WorkerState,
@@ -43,6 +42,7 @@ from sync.queries import QUERIES
 from sync.queues.lanes import parse_lanes
 from sync.queues.postgres import PostgresQueues
 from sync.secrets import SecretBox
+from sync.services.cleaner import PruneReport, RetentionRules, prune
 from sync.settings import Settings
 from sync.worker import Worker
 
@@ -559,8 +559,8 @@ class Engine(IngestionsApi):
 
     def worker_states(self) -> list[tuple[WorkerInfo, WorkerState]]:
         """Every worker known to the database, with whether it is alive, stale or stopped."""
-        interval = self.settings.heartbeat_interval
-        return [(w, worker_state(w, interval)) for w in self.workers()]
+        stale_after = self.settings.stale_after
+        return [(w, worker_state(w, stale_after)) for w in self.workers()]
 
     def metrics_snapshot(
         self, *, window_seconds: float = 3600.0, timeout: float = 5.0
@@ -572,13 +572,25 @@ class Engine(IngestionsApi):
             raise InvalidInput("a workspace-scoped engine cannot read fleet-wide metrics")
         params = {
             "window_seconds": window_seconds,
-            "stale_after_seconds": STALE_HEARTBEATS * self.settings.heartbeat_interval,
+            "stale_after_seconds": self.settings.stale_after,
         }
         with self.pool.connection() as conn, conn.transaction():
             conn.execute(QUERIES.metrics_statement_timeout, {"timeout": f"{int(timeout * 1000)}"})
             row = conn.execute(QUERIES.metrics_snapshot, params).fetchone()
         assert row is not None
         return MetricsSnapshot.from_row(row, window_seconds)
+
+    # -- retention -------------------------------------------------------------------------
+
+    def prune(self, *, dry_run: bool = False) -> PruneReport:
+        """Delete what retention says is no longer needed (old finished runs beyond the newest
+        of each connection, their attempts, long-stopped workers, ended rate budgets, seen keys
+        of ended runs, and old tombstones when ``tombstone_days`` is set), now, in bounded
+        batches, as a worker's cleaner does once per ``clean_interval``. ``dry_run`` deletes
+        nothing and counts what would go. Not available to a workspace-scoped engine."""
+        if self._workspace_id is not None:
+            raise InvalidInput("a workspace-scoped engine cannot prune the fleet's history")
+        return prune(self.pool, RetentionRules.from_settings(self.settings), dry_run=dry_run)
 
 
 def describe_database(settings: Settings, database_url: str | None = None) -> str:

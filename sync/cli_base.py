@@ -372,7 +372,7 @@ def runs_table(runs: list[Run], width: int, title: str | None = None) -> Table:
 
 def worker_state(worker: WorkerInfo, settings: Settings) -> str:
     """alive, stale (no heartbeat for three intervals: crashed or frozen) or stopped."""
-    return str(overview.worker_state(worker, settings.heartbeat_interval))
+    return str(overview.worker_state(worker, settings.stale_after))
 
 
 def workspace_id(engine: Engine, ref: str) -> int:

@@ -1,11 +1,13 @@
 """Operating ``connector-sync``: the schema (``migrate``, ``grant``), workers, ``records list``,
-``providers``, ``secrets rotate``, the embedded database (``db status|stop``) and the demo."""
+``providers``, ``secrets rotate``, ``prune``, the embedded database (``db status|stop``) and the
+demo."""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
+from datetime import timedelta
 from typing import Any
 
 import typer
@@ -41,6 +43,7 @@ from sync.console import (
 from sync.embedded import server_status, stop_server
 from sync.models import Record
 from sync.names import check_name
+from sync.services.cleaner import Kind, PruneReport
 
 # -- schema ------------------------------------------------------------------------------------
 
@@ -299,6 +302,71 @@ def secrets_rotate(as_json: bool = JsonOption) -> None:
         "the first key of CONNECTOR_SYNC_SECRET_KEYS" if keyed else f"the key in {home}/secret.key"
     )
     stdout().print(f"re-encrypted the credentials of {count} connection(s) with {key}")
+
+
+# -- retention ---------------------------------------------------------------------------------
+
+
+@app.command()
+@guarded
+def prune(
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Count what would be deleted; delete nothing."
+    ),
+    as_json: bool = JsonOption,
+) -> None:
+    """Delete old history now, as the workers' cleaner does every hour, and say what went.
+
+    Finished runs older than CONNECTOR_SYNC_HISTORY_DAYS (30) beyond the newest 20 of each
+    connection, with their attempts; workers stopped for over a day; ended rate budgets; seen
+    keys of ended runs; tombstoned records only when CONNECTOR_SYNC_TOMBSTONE_DAYS is set.
+    Runs that are waiting, queued or running are never deleted."""
+    with open_engine() as engine:
+        report = engine.prune(dry_run=dry_run)
+    if as_json:
+        emit_json(report.to_json())
+        return
+    out = stdout()
+    verb = "would delete" if dry_run else "deleted"
+    columns = [
+        Col("kind", key=True),
+        Col(verb, key=True, justify="right"),
+        Col("rule", text="fold"),
+    ]
+    out.print(fitted_table(columns, prune_rows(report), out.width))
+    total = sum(n for kind, n in report.deleted.items() if kind is not Kind.ATTEMPTS)
+    out.print(f"{verb} {total:,} row(s) and their attempts in {report.statements} statement(s)")
+
+
+def _days(value: timedelta) -> str:
+    days = value / timedelta(days=1)
+    return f"{days:g} day" + ("" if days == 1 else "s")
+
+
+def prune_rows(report: PruneReport) -> list[list[Cell]]:
+    """One row per kind of row retention deletes: how many, and by which rule."""
+    rules = report.rules
+    rule = {
+        Kind.RUNS: f"finished over {_days(rules.history)} ago, beyond the newest "
+        f"{rules.keep_runs} of their connection",
+        Kind.ATTEMPTS: "of those runs",
+        Kind.SEEN_KEYS: "of runs neither queued nor running",
+        Kind.WORKERS: f"stopped, or silent, for over {_days(rules.stopped_workers)}",
+        Kind.RATE_BUDGETS: "blocks that have ended",
+        Kind.TOMBSTONES: (
+            "kept: CONNECTOR_SYNC_TOMBSTONE_DAYS is unset"
+            if rules.tombstones is None
+            else f"records tombstoned over {_days(rules.tombstones)} ago"
+        ),
+    }
+    return [
+        [
+            kind.value.replace("_", " "),
+            "-" if kind is Kind.TOMBSTONES and rules.tombstones is None else f"{n:,}",
+            rule[kind],
+        ]
+        for kind, n in report.deleted.items()
+    ]
 
 
 @db_app.command("status")

@@ -49,10 +49,11 @@ KEEPALIVES = {
 
 def connection_kwargs(settings: Settings, purpose: str = "") -> dict[str, Any]:
     # A stuck statement or lock fails after a bound instead of freezing a worker.
+    idle_in_transaction = int(settings.idle_in_transaction_timeout * 1000)
     session = {
         "statement_timeout": f"{int(settings.statement_timeout * 1000)}ms",
         "lock_timeout": f"{int(settings.lock_timeout * 1000)}ms",
-        "idle_in_transaction_session_timeout": "300s",
+        "idle_in_transaction_session_timeout": f"{idle_in_transaction}ms",
         # Short statements: JIT compilation would cost more than it ever saves.
         "jit": "off",
         "search_path": settings.schema_name,
@@ -71,7 +72,7 @@ def connect(settings: Settings, url: str, *, purpose: str = "") -> Connection:
             url,
             autocommit=True,
             row_factory=dict_row,
-            connect_timeout=10,
+            connect_timeout=settings.connect_timeout,
             **connection_kwargs(settings, purpose),
         )
     except psycopg.OperationalError as exc:
@@ -97,7 +98,7 @@ def open_pool(settings: Settings, url: str, *, size: int | None = None) -> Pool:
         kwargs={
             "autocommit": True,
             "row_factory": dict_row,
-            "connect_timeout": 10,
+            "connect_timeout": settings.connect_timeout,
             **connection_kwargs(settings),
         },
         check=_check_if_idle,

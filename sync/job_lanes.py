@@ -36,6 +36,7 @@ from sync.queues.port import Queues
 from sync.queues.postgres import Attempt, PostgresQueues
 from sync.retry_policy import AbortReason
 from sync.settings import Settings
+from sync.signals import TestSignal
 
 log = logging.getLogger("sync.lanes")
 
@@ -108,6 +109,7 @@ class Completions:
         self._thread: threading.Thread | None = None
         self.flushes = 0
         self.failures = 0
+        self.flushed = TestSignal()  # emitted after each batch of completions is written
 
     def start(self) -> None:
         self._stopping = False
@@ -138,6 +140,7 @@ class Completions:
                 try:
                     self._queues.complete_many(batch)
                     self.flushes += 1
+                    self.flushed.emit()
                     break
                 except Exception as exc:  # a lost connection: try again, then leave it
                     self.failures += 1

@@ -10,7 +10,6 @@ from enum import StrEnum
 from typing import Any
 
 from sync.models import WorkerInfo
-from sync.settings import STALE_HEARTBEATS
 
 
 class WorkerState(StrEnum):
@@ -19,11 +18,12 @@ class WorkerState(StrEnum):
     STOPPED = "stopped"
 
 
-def worker_state(worker: WorkerInfo, heartbeat_interval: float) -> WorkerState:
-    """alive, stale (silent for ``STALE_HEARTBEATS`` heartbeat intervals) or stopped."""
+def worker_state(worker: WorkerInfo, stale_after: float) -> WorkerState:
+    """alive, stale (no heartbeat for ``stale_after`` seconds, see ``Settings.stale_after``) or
+    stopped."""
     if worker.stopped_at is not None:
         return WorkerState.STOPPED
-    if worker.since_heartbeat > timedelta(seconds=STALE_HEARTBEATS * heartbeat_interval):
+    if worker.since_heartbeat > timedelta(seconds=stale_after):
         return WorkerState.STALE
     return WorkerState.ALIVE
 

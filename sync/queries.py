@@ -1,4 +1,5 @@
-"""Loads the named queries of ``sql/queries.sql``: ``QUERIES.claim_run`` and so on."""
+"""Loads the named queries of ``sql/queries.sql``: ``QUERIES.claim_run`` and so on (and those of
+the other named-query files of ``sql/``, by ``NamedQueries(filename)``)."""
 
 from __future__ import annotations
 
@@ -39,9 +40,10 @@ def parse(source: str) -> dict[str, NamedQuery]:
     return queries
 
 
-class _Queries:
-    def __init__(self) -> None:
-        self._by_name = parse((sql_dir() / "queries.sql").read_text())
+class NamedQueries:
+    def __init__(self, filename: str = "queries.sql") -> None:
+        self._filename = filename
+        self._by_name = parse((sql_dir() / filename).read_text())
         # One object per query for the life of the process, so psycopg's cache of converted
         # queries hits instead of converting the text again on every call.
         self._compiled = {name: query.sql for name, query in self._by_name.items()}
@@ -50,10 +52,10 @@ class _Queries:
         try:
             return self._compiled[name]
         except KeyError:
-            raise AttributeError(f"no query named {name!r} in queries.sql") from None
+            raise AttributeError(f"no query named {name!r} in {self._filename}") from None
 
     def names(self) -> list[str]:
         return sorted(self._by_name)
 
 
-QUERIES = _Queries()
+QUERIES = NamedQueries()

@@ -12,7 +12,6 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-STALE_HEARTBEATS = 3  # a worker silent for this many heartbeat intervals counts as gone
 
 
 def default_home() -> Path:
@@ -47,17 +46,75 @@ class Settings(BaseSettings):
     poll_interval: float = Field(default=2.0, gt=0)
     control_interval: float = Field(default=2.0, gt=0)
     heartbeat_interval: float = Field(default=15.0, gt=0)
+    stale_heartbeats: int = Field(
+        default=3,
+        ge=2,
+        description="Heartbeat intervals without one after which a worker counts as gone.",
+    )
+    max_backoff: float = Field(
+        default=30.0,
+        gt=0,
+        description="Longest wait between retries while the database keeps failing: the "
+        "worker's idle poll, the LISTEN reconnect and each worker service.",
+    )
+    listen_check_interval: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds the LISTEN connection waits for a notification before it checks "
+        "that the connection is still alive.",
+    )
     run_timeout_seconds: float = Field(default=6 * 3600.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     backoff_seconds: tuple[float, ...] = Field(default=(5.0, 30.0, 120.0), min_length=1)
     backoff_jitter: float = Field(default=0.2, ge=0, lt=1)
     batch_size: int = Field(default=1000, ge=1)
     purge_batch_size: int = Field(default=5000, ge=1)
+    schedule_interval: float = Field(
+        default=1.0, gt=0, description="Seconds between a worker's scans for due schedules."
+    )
     schedule_batch: int = Field(default=100, ge=1)
+    sweep_interval: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds between sweeps of the seen keys that ended runs left behind, "
+        "by one worker of the fleet.",
+    )
     sweep_batch: int = Field(default=10000, ge=1)
+    clean_interval: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Seconds between retention passes (the cleaner), by one worker of the fleet.",
+    )
+    history_days: float = Field(
+        default=30.0, gt=0, description="Finished runs older than this are deleted."
+    )
+    history_keep_runs: int = Field(
+        default=20,
+        ge=0,
+        description="The newest runs of each connection kept whatever their age.",
+    )
+    stopped_worker_days: float = Field(
+        default=1.0,
+        gt=0,
+        description="Workers stopped (or silent) for longer than this are deleted.",
+    )
+    tombstone_days: float | None = Field(
+        default=None,
+        gt=0,
+        description="Records tombstoned longer ago than this are deleted; unset keeps them.",
+    )
+    retention_batch: int = Field(
+        default=1000, ge=1, description="Rows per delete statement of the cleaner."
+    )
     pool_size: int = Field(default=4, ge=3)
     statement_timeout: float = Field(default=60.0, gt=0, description="Seconds per statement.")
     lock_timeout: float = Field(default=10.0, gt=0, description="Seconds to wait for a lock.")
+    idle_in_transaction_timeout: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds a session may sit idle inside a transaction before Postgres ends it.",
+    )
+    connect_timeout: int = Field(default=10, ge=1, description="Seconds to open a connection.")
     max_inline_wait: float = Field(
         default=30.0, ge=0, description="Longest Retry-After slept inside a run; longer requeues."
     )
@@ -66,6 +123,10 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds from a run's start past which it stops waiting for rate limits "
         "and ends failed.",
+    )
+
+    metrics_timeout: float = Field(
+        default=5.0, gt=0, description="Seconds the statement behind a /metrics scrape may take."
     )
 
     lanes: str | None = Field(
@@ -112,5 +173,5 @@ class Settings(BaseSettings):
     @property
     def stale_after(self) -> float:
         """Seconds without a heartbeat after which a worker that recorded no stop counts as
-        gone (crashed, frozen or cut off): three heartbeat intervals."""
-        return STALE_HEARTBEATS * self.heartbeat_interval
+        gone (crashed, frozen or cut off): ``stale_heartbeats`` heartbeat intervals."""
+        return self.stale_heartbeats * self.heartbeat_interval

@@ -1,8 +1,11 @@
 """The worker process: one run at a time, awaited inline; scale by running more processes.
 
 ``Worker.poll()`` runs a fixed list of stages once (heartbeat, due schedules, claim and execute
-at most one run, sweep), each wrapped so one failing stage never skips the others. ``run()``
-loops ``poll(); wait(poll_interval)``, woken early by LISTEN/NOTIFY. Tests call ``poll()``.
+at most one run, sweep of seen keys, retention), each wrapped so one failing stage never skips the
+others. ``run()`` loops ``poll(); wait(poll_interval)``, woken early by LISTEN/NOTIFY, and runs
+each service (``sync.services``) on a timer thread of its own meanwhile, so a run that executes
+for hours starves none of them; ``poll()`` then leaves them to their timers. Tests call
+``poll()``, with no timers.
 
 A worker registers when it is created: its own incarnation of its id (process, host, version,
 start time) and the providers whose connectors it has loaded. It claims only syncs of those
@@ -18,7 +21,6 @@ import os
 import signal
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -42,13 +44,11 @@ from sync.queries import QUERIES
 from sync.queues.postgres import PostgresQueues
 from sync.retry_policy import AbortReason
 from sync.secrets import SecretBox
+from sync.services import Cleaner, Heartbeat, ScheduleEnqueuer, SeenKeySweeper, Service
 from sync.settings import Settings
+from sync.signals import TestSignal
 
 log = logging.getLogger("sync.worker")
-
-SWEEP_EVERY = 60.0  # seconds between sweeps of orphaned seen keys
-MAX_BACKOFF = 30.0  # the longest idle wait while the database keeps failing
-SCHEDULE_EVERY = 1.0  # seconds between scans for due schedules
 
 # Worker ids registered by the Worker objects of this process that are still open: a previous
 # incarnation recorded with this process's own pid is one of them, or a dead process whose pid
@@ -87,6 +87,7 @@ class Listener:
         self._conn: psycopg.Connection[Any] | None = None
         self.connected = threading.Event()
         self.failures = 0
+        self.lost = TestSignal()  # emitted each time the connection is lost
 
     def start(self) -> None:
         if self.alive:
@@ -126,7 +127,8 @@ class Listener:
                     delay = 0.5
                     while not self._stopping.is_set():
                         # The timeout doubles as a liveness check of a half-open connection.
-                        for note in conn.notifies(timeout=5.0, stop_after=1):
+                        timeout = self._settings.listen_check_interval
+                        for note in conn.notifies(timeout=timeout, stop_after=1):
                             if not note.payload.startswith("job:"):
                                 self._wake.set()
                             elif self._on_job is not None:
@@ -137,11 +139,12 @@ class Listener:
                 if self._stopping.is_set():
                     return
                 self.failures += 1
+                self.lost.emit()
                 log.warning(
                     "LISTEN connection lost (%s); reconnecting in %.1f s", first_line(exc), delay
                 )
                 self._stopping.wait(delay)
-                delay = min(delay * 2, 30.0)
+                delay = min(delay * 2, self._settings.max_backoff)
             finally:
                 self._conn = None
 
@@ -173,8 +176,28 @@ class Worker:
         self._stop_requested = False
         self._continuous = False  # run() sets it: finish-and-claim in one round trip
         self._prefetched: ClaimedRun | None = None
-        self._heartbeat_lock = threading.Lock()
-        self._keeper = LeaseKeeper.for_url(settings, url, on_tick=self._heartbeat_if_due)
+        self.heartbeat = Heartbeat(
+            pool,
+            settings,
+            worker_id=self.id,
+            incarnation=self.incarnation,
+            version=_version(),
+            providers=self.providers,
+            current_run=lambda: self._current_run_id,
+            on_taken_over=self._taken_over,
+        )
+        self.schedules = ScheduleEnqueuer(pool, settings)
+        self.sweeper = SeenKeySweeper(pool, settings, worker_id=self.id)
+        self.cleaner = Cleaner(pool, settings, worker_id=self.id)
+        self.services: list[Service[Any]] = [
+            self.heartbeat,
+            self.schedules,
+            self.sweeper,
+            self.cleaner,
+        ]
+        # While a run executes, the lease keeper's thread sends the heartbeat when it is due,
+        # also when poll() is called without the services' timers.
+        self._keeper = LeaseKeeper.for_url(settings, url, on_tick=self.heartbeat.run_if_due)
         # The application queues' lanes, if CONNECTOR_SYNC_LANES gives this process any.
         self._lanes = Lanes.from_settings(queues, self._keeper, settings) if queues else None
         on_job = self._lanes.wake if self._lanes is not None else None
@@ -182,9 +205,6 @@ class Worker:
         self._executor = Executor(
             pool, settings, secrets, self._keeper, self.id, providers=self.providers
         )
-        self._last_heartbeat = float("-inf")
-        self._last_sweep = float("-inf")
-        self._last_schedule_scan = float("-inf")
         self._current_run_id: int | None = None
         self.stage_failures: dict[str, int] = {}
         self.database_failures = 0  # consecutive polls in which the database failed
@@ -200,11 +220,12 @@ class Worker:
             stopping=lambda: self._stop_requested, runs_executed=lambda: self.runs_executed,
         )  # fmt: skip
         self._stages: list[tuple[str, Callable[[], bool]]] = [
-            ("heartbeat", self._heartbeat),
-            ("schedules", self._enqueue_schedules),
+            ("heartbeat", _inline(self.heartbeat)),
+            ("schedules", _inline(self.schedules)),
             ("claim", self._claim_and_execute),
             ("ingestions", self.ingestions.poll),
-            ("sweep", self._sweep),
+            ("sweep", _inline(self.sweeper)),
+            ("clean", _inline(self.cleaner)),
         ]
 
     # -- the loop --------------------------------------------------------------------------
@@ -229,10 +250,11 @@ class Worker:
 
     def idle_wait(self) -> float:
         """How long the loop sleeps after a poll that ran nothing: the poll interval, doubled
-        after each poll the database failed, up to 30 s (woken early by NOTIFY)."""
+        after each poll the database failed, up to ``max_backoff`` (woken early by NOTIFY)."""
         if self.database_failures == 0:
             return self.settings.poll_interval
-        return min(self.settings.poll_interval * 2**self.database_failures, MAX_BACKOFF)
+        backoff = self.settings.poll_interval * 2**self.database_failures
+        return min(backoff, self.settings.max_backoff)
 
     def run(self, *, once: bool = False, install_signals: bool = True) -> None:
         """Poll until stopped (SIGTERM/SIGINT or ``stop()``). ``once``: a single poll."""
@@ -242,6 +264,9 @@ class Worker:
         self._continuous = not once
         if self._listener is not None and not once:
             self._listener.start()
+        if not once:
+            for service in self.services:
+                service.start()
         if self._lanes is not None and not once:
             self._lanes.start()
         log.info("worker %s started", self.id)
@@ -254,6 +279,10 @@ class Worker:
                 if self._listener is not None and not self._listener.alive:
                     log.error("the LISTEN thread died; restarting it")
                     self._listener.start()
+                for service in self.services:
+                    if service.started and not service.alive:
+                        log.error("the %s thread died; restarting it", service.name)
+                        service.start()
                 if not executed:
                     self._wake.wait(self.idle_wait())
         finally:
@@ -276,6 +305,8 @@ class Worker:
             log.warning("could not hand back the run claimed last: %s", first_line(exc))
         if self._listener is not None:
             self._listener.stop()
+        for service in self.services:
+            service.stop()
         if self._lanes is not None:
             self._lanes.stop()
         self._keeper.stop()
@@ -343,59 +374,14 @@ class Worker:
             _open_here.add(self.id)
             self._open_here = True
         self._registered = True
-        self._last_heartbeat = time.monotonic()
+        self.heartbeat.mark_ran()  # registering is the first heartbeat
 
     # -- stages ----------------------------------------------------------------------------
 
-    def _heartbeat(self) -> bool:
-        self._heartbeat_if_due()
-        return False
-
-    def _heartbeat_if_due(self) -> None:
-        """Called by the poll loop when idle and by the lease keeper while a run executes."""
-        with self._heartbeat_lock:
-            now = time.monotonic()
-            if now - self._last_heartbeat < self.settings.heartbeat_interval:
-                return
-            with self._pool.connection() as conn:
-                beat = conn.execute(
-                    QUERIES.heartbeat,
-                    {
-                        "worker_id": self.id,
-                        "hostname": socket.gethostname(),
-                        "pid": os.getpid(),
-                        "version": _version(),
-                        "providers": self.providers,
-                        "incarnation": self.incarnation,
-                        "current_run_id": self._current_run_id,
-                    },
-                ).fetchone()
-            self._last_heartbeat = now
-        if beat is None:
-            # This process went stale (frozen, cut off) and another one started with its id.
-            log.error(
-                "worker id %s was taken over by another process while this one was silent; "
-                "stopping",
-                self.id,
-            )
-            self._registered = False  # its stop is not this incarnation's to record
-            self.stop()
-
-    def _enqueue_schedules(self) -> bool:
-        # Due connections are looked for at most once a second, not on every poll of a
-        # worker draining a queue: schedules are coarse, round trips are not free.
-        now = time.monotonic()
-        if now - self._last_schedule_scan < SCHEDULE_EVERY:
-            return False
-        self._last_schedule_scan = now
-        with self._pool.connection() as conn:
-            row = conn.execute(
-                QUERIES.enqueue_due_schedules,
-                {"limit": self.settings.schedule_batch, "max_attempts": self.settings.max_attempts},
-            ).fetchone()
-        if row and row["queued"]:
-            log.info("enqueued %d scheduled run(s)", row["queued"])
-        return False
+    def _taken_over(self) -> None:
+        """The heartbeat found this worker's id held by a newer process."""
+        self._registered = False  # its stop is not this incarnation's to record
+        self.stop()
 
     def _claim_and_execute(self) -> bool:
         if self._stop_requested:
@@ -444,14 +430,16 @@ class Worker:
             )
         log.info("handed back run %d, claimed but not started", run.id)
 
-    def _sweep(self) -> bool:
-        now = time.monotonic()
-        if now - self._last_sweep < SWEEP_EVERY:
-            return False
-        self._last_sweep = now
-        with self._pool.connection() as conn:
-            conn.execute(QUERIES.sweep_seen_keys, {"limit": self.settings.sweep_batch})
+
+def _inline(service: Service[Any]) -> Callable[[], bool]:
+    """A poll stage that runs ``service`` when it is due, unless its own timer runs it."""
+
+    def stage() -> bool:
+        if not service.started:
+            service.run_if_due()
         return False
+
+    return stage
 
 
 def _is_dead_here(row: dict[str, Any]) -> bool:

@@ -126,8 +126,8 @@ class Cli:
 
 
 class WorkerProcess:
-    """A worker process whose stderr is read by a thread (so the pipe never fills), with an
-    event set when it logs its start, or when it exits without starting."""
+    """A worker process whose log (stderr, or stdout when stderr goes there) is read by a
+    thread, so the pipe never fills and a test can wait for a line it logs."""
 
     def __init__(self, proc: subprocess.Popen[str], *, started: bool = True) -> None:
         self.proc = proc
@@ -147,8 +147,10 @@ class WorkerProcess:
         return "".join(self.lines)
 
     def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
+        # Its stderr, or its stdout when stderr goes there.
+        stream = self.proc.stderr or self.proc.stdout
+        assert stream is not None
+        for line in stream:
             with self._seen:
                 self.lines.append(line)
                 self._seen.notify_all()
@@ -184,7 +186,7 @@ def embedded_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     stop_server(home)
 
 
-@pytest.fixture(params=["database_url", "embedded"])
+@pytest.fixture(params=["database_url", pytest.param("embedded", marks=pytest.mark.slow)])
 def backend(request: pytest.FixtureRequest, schema: str) -> Backend:
     if request.param == "database_url":
         env: dict[str, str | None] = {"DATABASE_URL": DATABASE_URL, "CONNECTOR_SYNC_SCHEMA": schema}

@@ -1,6 +1,10 @@
 """Every test gets its own schema in the test database (DATABASE_URL, else the local test
 database), migrated fresh and dropped afterwards, so tests run in parallel and leave nothing.
 
+Tests that start a process (a worker, the ``connector-sync`` script, an embedded Postgres, a
+browser, the linters) or stress many at once are marked ``slow``; ``pytest -m "not slow"`` is
+the quick tier, and a test outside it that starts a process fails, saying to mark it.
+
 ``pytest --pgbouncer`` runs the suite through a private PgBouncer in transaction pooling mode
 (tests/pgbouncer.py): DATABASE_URL, for the tests and every process they start, then points at
 PgBouncer, while the fixtures that create, migrate and drop a test's schema and the ``admin``
@@ -10,6 +14,7 @@ connection reach Postgres directly (DIRECT_URL), as an operator's ``migrate`` wo
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,6 +96,23 @@ def make_settings(schema: str, **overrides: Any) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)
+
+
+@pytest.fixture(autouse=True)
+def _quick_tier_starts_no_process(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keeps ``pytest -m "not slow"`` quick: a test not marked slow may not start a process."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+
+    def refuse(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+        raise AssertionError(
+            f"{request.node.nodeid} starts a process ({args!r}); mark it "
+            "@pytest.mark.slow, so that `pytest -m 'not slow'` stays the quick tier"
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
 
 
 @pytest.fixture

@@ -1,14 +1,19 @@
 """Connectors for tests. `memory` and `memory_events` read datasets that tests put in DATASETS
 (same process only); `filedata` reads a JSON file named in its config, so worker subprocesses
-see what the test writes; `sleepy` reads nothing and sleeps, for the concurrency stress."""
+see what the test writes, and can stop its process at a known row; `sleepy` reads nothing and
+sleeps, for the concurrency stress (its runs must last long enough to overlap if the limiter let
+them)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -128,7 +133,12 @@ class MemoryPagesConnector(Connector):
 
 class FileConfig(BaseModel):
     path: str
-    row_delay: float = 0.0
+    # A test's handle on a worker process, at a known point of the table: the first reader
+    # that reaches row `pause_after` (counting from 0) creates the file `pause_flag` and stops
+    # its own process with SIGSTOP; the test acts on it (tests.waiting.wait_stopped), then
+    # sends SIGCONT. Readers after it find the flag and read on.
+    pause_after: int | None = None
+    pause_flag: str | None = None
 
 
 @register
@@ -144,9 +154,12 @@ class FileDataConnector(Connector):
         assert isinstance(config, FileConfig)
         with open(config.path) as handle:
             rows = json.load(handle).get(table.name, [])
-        for row in rows:
-            if config.row_delay:
-                time.sleep(config.row_delay)  # deliberately deaf to the abort signal
+        for index, row in enumerate(rows):
+            if index == config.pause_after and config.pause_flag:
+                flag = Path(config.pause_flag)
+                if not flag.exists():
+                    flag.write_text(str(os.getpid()))
+                    os.kill(os.getpid(), signal.SIGSTOP)
             yield row
 
 

@@ -22,7 +22,7 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
+import threading
 from pathlib import Path
 from types import TracebackType
 
@@ -72,6 +72,8 @@ class PgBouncer:
         self._ignore = ignore_startup_parameters
         self._dir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self._up = threading.Event()  # set when PgBouncer logs that it is up, or exits
+        self._said_up = False
 
     @property
     def url(self) -> str:
@@ -146,31 +148,41 @@ class PgBouncer:
             for path in self._dir.iterdir():
                 shutil.chown(path, "postgres")
             command = [exe, "-u", "postgres", str(config)]
-        # Its log also goes to stderr, which must not be a pipe nobody reads: once the pipe's
-        # buffer is full, PgBouncer blocks on the write and stops serving every client.
-        with (self._dir / "stderr.log").open("wb") as stderr:
-            self._process = subprocess.Popen(
-                command, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
-            )
+        self._up.clear()
+        self._said_up = False
+        self._process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
+        # Its log also goes to stderr, which must be read all along: once the pipe's buffer is
+        # full, PgBouncer blocks on the write and stops serving every client.
+        threading.Thread(target=self._copy_stderr, args=(self._process,), daemon=True).start()
         self._wait_ready()
         return self
 
+    def _copy_stderr(self, process: subprocess.Popen[bytes]) -> None:
+        """Copies PgBouncer's stderr into stderr.log, and says when it logs that it is up (it
+        listens by then) or exits."""
+        assert self._dir is not None and process.stderr is not None
+        with (self._dir / "stderr.log").open("wb") as copy:
+            for line in process.stderr:
+                copy.write(line)
+                copy.flush()
+                if b" process up: " in line:
+                    self._said_up = True
+                    self._up.set()
+        self._up.set()
+
     def _wait_ready(self) -> None:
-        assert self._process is not None
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                said = (self._dir / "stderr.log").read_text(errors="replace").strip().splitlines()
-                self.stop()
-                raise PgBouncerError(f"pgbouncer exited at start: {said[-1] if said else '?'}")
-            try:
-                with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=2) as conn:
-                    conn.execute("SHOW VERSION")
-                return
-            except psycopg.OperationalError:
-                time.sleep(0.05)
-        self.stop()
-        raise PgBouncerError("pgbouncer did not accept connections within 15 s")
+        assert self._process is not None and self._dir is not None
+        if not self._up.wait(15):
+            self.stop()
+            raise PgBouncerError("pgbouncer did not say it was up within 15 s")
+        if not self._said_up:  # its stderr ended: it exited
+            said = (self._dir / "stderr.log").read_text(errors="replace").strip().splitlines()
+            self.stop()
+            raise PgBouncerError(f"pgbouncer exited at start: {said[-1] if said else '?'}")
+        with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=2) as conn:
+            conn.execute("SHOW VERSION")
 
     def stop(self, *, keep_log: Path | None = None) -> None:
         """Stop PgBouncer and remove its directory; ``keep_log``: copy its log there first."""

@@ -3,7 +3,6 @@ one clear error, never a hang or a crash."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -60,19 +59,28 @@ def test_a_declared_huge_body_is_refused_up_front(
 def test_a_body_that_drips_is_cut_at_the_total_timeout(
     respx_mock: respx.MockRouter, context: FakeContext
 ) -> None:
+    now = [0.0]  # the client's clock: each chunk arrives 250 ms after the one before
+    chunks: list[int] = []  # how many chunks each attempt read
+
     def drip() -> Iterator[bytes]:
+        chunks.append(0)
         for _ in range(100):
-            time.sleep(0.05)
+            now[0] += 0.25
+            chunks[-1] += 1
             yield b" "
 
     respx_mock.get(f"{BASE}/slow").mock(
         side_effect=lambda request: httpx.Response(200, content=drip())
     )
     with (
-        HttpClient(context, base_url=BASE, total_timeout=0.2, transient_retries=1) as http,
+        HttpClient(
+            context, base_url=BASE, total_timeout=1.0, transient_retries=1, clock=lambda: now[0]
+        ) as http,
         pytest.raises(RetryableError, match="took over"),
     ):
         http.get("/slow")
+    # Both attempts were cut at the first chunk past 1 s, not read to their end.
+    assert chunks == [5, 5]
 
 
 def test_integers_beyond_64_bits_and_odd_strings_parse(

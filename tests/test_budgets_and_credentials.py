@@ -25,7 +25,8 @@ from sync.errors import LeaseLost
 from sync.executor import BudgetView, ClaimedRun, RunContext
 from sync.testing import run_sync
 from tests.conftest import make_settings
-from tests.test_fencing import claim, wait_for
+from tests.test_fencing import claim
+from tests.waiting import wait_until_blocked
 
 API = "https://budget.example.test"
 
@@ -33,7 +34,6 @@ API = "https://budget.example.test"
 class AccountConfig(BaseModel):
     account: str
     pages: int = 1
-    page_delay: float = 0.0
 
 
 @register
@@ -55,7 +55,6 @@ class BudgetedConnector(Connector):
         with HttpClient(self.context, base_url=API) as http:
             for page in range(config.pages):
                 yield http.get_json(f"/{config.account}/items", params={"page": page})
-                time.sleep(config.page_delay)
 
 
 def test_a_spent_budget_holds_back_every_connection_on_it(
@@ -98,23 +97,28 @@ def test_a_running_sync_on_a_budget_another_run_spent_stops_and_waits(
     with Engine(settings, pool_size=8) as engine:
         engine.migrate()
         spent = threading.Event()
+        under_way = threading.Event()
 
         def provider(request: httpx.Request) -> httpx.Response:
             # Only the second connection asks for page 0 once the first is under way.
             if spent.is_set() and request.url.params["page"] == "0":
                 return httpx.Response(429, headers={"Retry-After": "600"})
+            if request.url.params["page"] == "2":
+                under_way.set()
             return httpx.Response(200, json=[{"id": request.url.params["page"]}])
 
-        route = respx_mock.get(f"{API}/A/items").mock(side_effect=provider)
+        respx_mock.get(f"{API}/A/items").mock(side_effect=provider)
         one, two = engine.create_workspace("one"), engine.create_workspace("two")
+        # It reads page after page until its control read sees the budget spent, then its next
+        # request gives the attempt up (the page count only bounds a broken run).
         slow = engine.create_connection(
-            one.id, "slow", "budgeted", config={"account": "A", "pages": 10_000, "page_delay": 0.02}
+            one.id, "slow", "budgeted", config={"account": "A", "pages": 1_000_000}
         )
         slow_run = engine.sync(slow.id)
         busy = engine.worker(listen=False)
         thread = threading.Thread(target=busy.poll)
         thread.start()
-        wait_for(lambda: route.call_count >= 3)
+        assert under_way.wait(30)
 
         # Another worker, another workspace, same account: the provider says stop for 10 min.
         spent.set()
@@ -279,7 +283,7 @@ def test_refreshes_and_credential_updates_take_turns_on_the_row_lock(
 
     def slow_refresh(current: Mapping[str, Any]) -> Mapping[str, Any]:
         inside.set()
-        time.sleep(0.5)
+        wait_until_blocked(engine.settings.schema_name)  # the update waits for the row lock
         order.append("refresh")
         return {**current, "refresh_token": "rt-from-run"}
 

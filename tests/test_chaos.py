@@ -8,6 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Every test here starts a process of its own (see tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 
 def test_the_short_chaos_run_ends_all_zeros() -> None:
     result = subprocess.run(

@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from sync import Engine
 from tests.conftest import DATABASE_URL, make_settings
+
+# Every test here starts a process of its own (see tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 WORKERS = 12
 WORKSPACES = 4
@@ -90,36 +94,43 @@ def load(conn: Any, workspaces: int, connections: int) -> None:
             conn.execute(statement, {"workspaces": workspaces, "connections": connections})
 
 
-def stress(schema: str, admin: Any, *, naive: bool = False) -> dict[str, int]:
+def stress(schema: str, admin: Any, tmp_path: Path, *, naive: bool = False) -> dict[str, int]:
     with Engine(make_settings(schema)) as engine:
         engine.migrate()
     load(admin, WORKSPACES, CONNECTIONS)
     if naive:
         admin.execute(NAIVE_CLAIM)
     started = time.monotonic()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.worker_process",
-                "--schema",
-                schema,
-                "--mode",
-                "drain",
-                "--worker-id",
-                f"w{i}",
-            ],
-            cwd=Path(__file__).parent.parent,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ},
-        )
-        for i in range(WORKERS)
-    ]
-    outputs = [p.communicate(timeout=600)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), outputs
+    # Each worker's log goes to a file: a pipe read only at the end would fill and block its
+    # writer while the others wait for the run it holds.
+    logs = [tmp_path / f"w{i}.log" for i in range(WORKERS)]
+    procs = []
+    for i, log in enumerate(logs):
+        with log.open("w") as out:
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "tests.worker_process",
+                        "--schema",
+                        schema,
+                        "--mode",
+                        "drain",
+                        "--worker-id",
+                        f"w{i}",
+                    ],
+                    cwd=Path(__file__).parent.parent,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    env={**os.environ},
+                )
+            )
+    for proc in procs:
+        proc.wait(timeout=600)
+    outputs = [log.read_text() for log in logs]
+    assert all(p.returncode == 0 for p in procs), [out[-2000:] for out in outputs]
     took = time.monotonic() - started
 
     result = dict(admin.execute(OVERLAPS).fetchone())
@@ -136,8 +147,10 @@ def stress(schema: str, admin: Any, *, naive: bool = False) -> dict[str, int]:
     return result
 
 
-def test_the_limiter_holds_under_twelve_concurrent_claimers(schema: str, admin: Any) -> None:
-    result = stress(schema, admin)
+def test_the_limiter_holds_under_twelve_concurrent_claimers(
+    schema: str, admin: Any, tmp_path: Path
+) -> None:
+    result = stress(schema, admin, tmp_path)
     assert result["forbidden"] == 0
     assert result["parallel"] > 0  # different providers did run side by side
     assert result["unfinished"] == 0  # nothing lost, nothing stuck
@@ -146,8 +159,10 @@ def test_the_limiter_holds_under_twelve_concurrent_claimers(schema: str, admin: 
     assert result["workers_that_ran"] == WORKERS
 
 
-def test_the_stress_catches_a_claim_without_the_recheck(schema: str, admin: Any) -> None:
-    result = stress(schema, admin, naive=True)
+def test_the_stress_catches_a_claim_without_the_recheck(
+    schema: str, admin: Any, tmp_path: Path
+) -> None:
+    result = stress(schema, admin, tmp_path, naive=True)
     assert result["forbidden"] > 0
 
 

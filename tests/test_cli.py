@@ -90,6 +90,7 @@ def migrated(schema: str) -> str:
 # -- happy paths --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_migrate_says_what_it_applied_then_that_it_is_up_to_date(schema: str) -> None:
     first = as_json(cli(schema, "migrate", "--json"))
     assert first["schema"] == schema
@@ -102,6 +103,7 @@ def test_migrate_says_what_it_applied_then_that_it_is_up_to_date(schema: str) ->
     assert lines[0].endswith(f"(DATABASE_URL), schema {schema}")
 
 
+@pytest.mark.slow
 def test_a_day_in_the_life(
     migrated: str, simulated: tuple[str, Simulation], tmp_path: Path
 ) -> None:
@@ -233,6 +235,7 @@ def test_a_day_in_the_life(
         assert SECRET not in result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_sync_wait_exits_nonzero_when_the_run_fails_and_retry_requeues_it(
     migrated: str, simulated: tuple[str, Simulation]
 ) -> None:
@@ -277,6 +280,7 @@ def test_sync_wait_exits_nonzero_when_the_run_fails_and_retry_requeues_it(
     one_line_error(cli(schema, "runs", "retry", str(run["id"])), "only a failed run")
 
 
+@pytest.mark.slow
 def test_providers_lists_tables_and_config_and_credential_fields(schema: str) -> None:
     found = {p["provider"]: p for p in as_json(cli(schema, "providers", "--json"))}
     assert found["simulated"]["tables"] == [
@@ -304,6 +308,7 @@ def test_providers_lists_tables_and_config_and_credential_fields(schema: str) ->
     assert "page_size (optional)" in human and "client_secret" in human
 
 
+@pytest.mark.slow
 def test_grant_gives_a_role_data_rights(migrated: str) -> None:
     role = f"r_{migrated}"
     with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
@@ -397,6 +402,7 @@ MISTAKES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(MISTAKES), ids=list(MISTAKES))
 def test_user_mistakes_are_one_line_and_exit_2(shared_schema: str, case: str) -> None:
     args, needles = MISTAKES[case]
@@ -413,17 +419,20 @@ def test_user_mistakes_are_one_line_and_exit_2(shared_schema: str, case: str) ->
     ],
     ids=["unreachable", "wrong-url"],
 )
+@pytest.mark.slow
 def test_database_mistakes(schema: str, url: str, needles: list[str]) -> None:
     for args in (["workspaces", "list"], ["worker", "--once"], ["migrate"]):
         line = one_line_error(cli(schema, *args, env={"DATABASE_URL": url}), *needles)
         assert ":pw@" not in line  # the password is never shown
 
 
+@pytest.mark.slow
 def test_schema_behind_names_the_command_to_run(schema: str) -> None:
     for args in (["workspaces", "list"], ["worker", "--once"], ["runs", "list", "--json"]):
         one_line_error(cli(schema, *args), "connector-sync migrate")
 
 
+@pytest.mark.slow
 def test_invalid_setting(schema: str) -> None:
     one_line_error(
         cli(schema, "workspaces", "list", env={"CONNECTOR_SYNC_SCHEMA": "Not-A-Schema"}),

@@ -156,6 +156,7 @@ COMMANDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD_URLS), ids=list(BAD_URLS))
 def test_no_error_path_prints_the_database_password(
     case: str, schema: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -199,6 +200,7 @@ def test_a_malformed_url_is_refused_in_words_that_say_what_to_fix(
 # -- 3. a worker claims only what it can run -------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_run_no_live_worker_can_take_stays_queued_and_says_so(
     cli: Cli, backend: Backend, simulated: tuple[str, Simulation]
 ) -> None:
@@ -232,6 +234,7 @@ def test_a_run_no_live_worker_can_take_stays_queued_and_says_so(
 # -- 4. each worker start is its own incarnation ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_second_live_worker_with_the_same_id_is_refused_and_a_restart_records_itself(
     cli: Cli, backend: Backend
 ) -> None:
@@ -255,6 +258,7 @@ def test_a_second_live_worker_with_the_same_id_is_refused_and_a_restart_records_
     assert (info["id"], info["pid"], info["state"]) == ("dup", again.pid, "stopped")
 
 
+@pytest.mark.slow
 def test_workers_starting_at_once_with_one_id_leave_exactly_one_running(
     cli: Cli, backend: Backend
 ) -> None:
@@ -273,6 +277,7 @@ def test_workers_starting_at_once_with_one_id_leave_exactly_one_running(
             racer.stop()
 
 
+@pytest.mark.slow
 def test_one_incarnation_never_marks_another_stopped(cli: Cli, backend: Backend) -> None:
     fast = {"CONNECTOR_SYNC_HEARTBEAT_INTERVAL": "0.2", "CONNECTOR_SYNC_POLL_INTERVAL": "0.2"}
     frozen = cli.worker("--id", "same", **fast)
@@ -301,6 +306,7 @@ def test_one_incarnation_never_marks_another_stopped(cli: Cli, backend: Backend)
 # -- 5. counts that say what happened --------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_runs_say_upserted_unchanged_and_tombstoned_for_the_run_and_each_attempt(
     cli: Cli, backend: Backend, simulated: tuple[str, Simulation]
 ) -> None:
@@ -439,6 +445,7 @@ def test_the_sync_wait_line_keeps_the_run_and_its_bar_whatever_the_note(width: i
 # -- 7. where the database is ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_embedded_home_is_the_users_data_directory_from_any_directory(
     tmp_path: Path,
 ) -> None:
@@ -575,6 +582,7 @@ def test_usage_errors_are_one_line_and_exit_2(cli: Cli, case: str) -> None:
     cli(*args).one_line_error(needle)
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_connecting_prints_no_traceback(
     schema: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -610,6 +618,7 @@ sys.meta_path.insert(0, HoldTheImport())
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_the_command_line_loads_prints_no_traceback(tmp_path: Path) -> None:
     (tmp_path / "sitecustomize.py").write_text(HOLD_THE_IMPORT)
     proc = subprocess.Popen(
@@ -628,6 +637,7 @@ def test_ctrl_c_while_the_command_line_loads_prints_no_traceback(tmp_path: Path)
     assert "Traceback" not in err and err.strip().splitlines() == ["interrupted"], err
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_following_a_run_prints_no_traceback(
     cli: Cli, simulated: tuple[str, Simulation]
 ) -> None:
@@ -643,6 +653,7 @@ def test_ctrl_c_while_following_a_run_prints_no_traceback(
     assert "Traceback" not in err and "stopped following run" in err
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_worker_cleanly(cli: Cli) -> None:
     worker = cli.worker("--id", "interrupted")
     assert worker.stop(signal.SIGINT) == 0

@@ -6,36 +6,25 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from sync.embedded import stop_server
+
+# Every test here starts a process of its own (see tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(sys.executable).parent / "connector-sync"
-
-
-def _stop_embedded(home: Path) -> None:
-    pid_file = home / "pgdata" / "postmaster.pid"
-    if not pid_file.exists():
-        return
-    pid = int(pid_file.read_text().splitlines()[0])
-    os.kill(pid, signal.SIGINT)  # fast shutdown
-    for _ in range(100):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.1)
 
 
 @pytest.fixture
 def home(tmp_path: Path):  # type: ignore[no-untyped-def]
     home = tmp_path / "home"
     yield home
-    _stop_embedded(home)
+    stop_server(home)  # a fast shutdown, waited for
 
 
 def test_first_use_by_two_processes_at_once(home: Path, tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import DATABASE_URL
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
@@ -24,6 +26,7 @@ def test_the_readme_starts_with_the_two_commands() -> None:
     ]
 
 
+@pytest.mark.slow
 def test_the_python_quickstart_runs(schema: str, tmp_path: Path) -> None:
     blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
     assert blocks, "the README has no Python quickstart"

@@ -67,6 +67,10 @@ def test_the_worker_backs_off_while_the_database_is_away_and_carries_on(
     assert worker.database_failures >= 1
     assert worker.idle_wait() > engine.settings.poll_interval
 
+    # The database is back. From here on every checkout is checked first, as in production (a
+    # connection idle for over a second is): the dead connections the polls did not meet are
+    # replaced, however many stages there were to meet them.
+    monkeypatch.setattr(sync.db, "CHECK_AFTER_IDLE", 0.0)
     run = engine.sync(conn.id)  # the pool reconnects on its own
     assert worker.poll()
     assert engine.run(run.id).status == "succeeded"

@@ -9,7 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import DATABASE_URL
+
+# Every test here starts a process of its own (see tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 SCRIPT = Path(sys.executable).parent / "connector-sync"
 

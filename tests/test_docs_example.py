@@ -10,7 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import DATABASE_URL
+
+# Every test here starts a process of its own (see tests/conftest.py).
+pytestmark = pytest.mark.slow
 
 DOC = Path(__file__).parent.parent / "docs" / "writing-a-connector.md"
 BLOCK = re.compile(r"```python\n# (\S+\.py)\n(.*?)```", re.DOTALL)

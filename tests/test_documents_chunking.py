@@ -10,6 +10,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -94,6 +95,7 @@ def test_a_resumed_job_skips_exactly_what_was_processed(tmp_path: Path) -> None:
     assert resumed == full[processed:]
 
 
+@pytest.mark.slow
 def test_the_same_file_gives_identical_chunks_in_another_process(tmp_path: Path) -> None:
     path = tmp_path / "a.md"
     path.write_text("# Title\n\n" + "Some *marked* text, with [links](http://x). " * 300)

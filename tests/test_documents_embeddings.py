@@ -50,6 +50,7 @@ def test_hashing_is_deterministic(text: str) -> None:
     assert a == b and len(a) == 64
 
 
+@pytest.mark.slow
 def test_hashing_gives_the_same_vector_in_any_process() -> None:
     text = "Fire door hardware schedule, level 2"
     program = (

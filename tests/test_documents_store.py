@@ -56,7 +56,12 @@ def pgserver() -> Iterator[Any]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-@pytest.fixture(params=SETUPS)
+# Every set-up but the system Postgres's runs on an embedded Postgres 16: a process of its own.
+@pytest.fixture(
+    params=[
+        s if s == "postgres-real[]" else pytest.param(s, marks=pytest.mark.slow) for s in SETUPS
+    ]
+)
 def db(request: pytest.FixtureRequest) -> Iterator[ChunkDatabase]:
     server = None if request.param == "postgres-real[]" else request.getfixturevalue("pgserver")
     with chunk_database(request.param, server) as database:
@@ -189,6 +194,7 @@ def test_a_query_without_words_finds_nothing(db: ChunkDatabase) -> None:
         assert search(conn, db.workspaces[0], " -- ?! ", EMBEDDER) == []
 
 
+@pytest.mark.slow
 def test_both_storages_rank_alike(tmp_path: Path, pgserver: Any) -> None:
     """pgvector's distance and the real[] fallback's SQL give the same ranking and scores."""
     results = []
@@ -208,6 +214,7 @@ def test_both_storages_rank_alike(tmp_path: Path, pgserver: Any) -> None:
             assert a.similarity == pytest.approx(v.similarity, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_pgvector_computes_the_similarity(pgserver: Any) -> None:
     with chunk_database("pgvector", pgserver) as database, database.connect() as conn:
         plan = "\n".join(
@@ -220,6 +227,7 @@ def test_pgvector_computes_the_similarity(pgserver: Any) -> None:
     assert "<=>" in plan  # pgvector's operator, inlined; not the fallback's SQL
 
 
+@pytest.mark.slow
 def test_a_runtime_role_with_data_rights_only_can_index_and_search(pgserver: Any) -> None:
     with chunk_database("pgvector", pgserver) as database:
         role = f"runtime_{uuid.uuid4().hex[:8]}"

@@ -18,8 +18,8 @@ from examples.knowledge.app import DEPARTMENT, INGEST, SYNC_SWEEP, Knowledge
 from sync import Engine
 from sync.queues import JobStatus
 from tests.conftest import make_settings
-from tests.test_fencing import wait_for
 from tests.test_sync_flow import items
+from tests.waiting import poll_until
 
 LANES = (
     "knowledge.ingest=4,knowledge.ingest.sweep=1,knowledge.sync=1,knowledge.sync.sweep=1,"
@@ -81,8 +81,8 @@ def test_the_knowledge_example_runs_app_jobs_and_syncs_on_one_worker(
             "item 3": "indexed",
             "scan.broken": "failed",
         }
-        wait_for(lambda: documents() == expected, timeout=WAIT)
-        wait_for(
+        poll_until(lambda: documents() == expected, timeout=WAIT)
+        poll_until(
             lambda: all(
                 r["reconciled_times"] == 1
                 for r in admin.execute("SELECT * FROM gateway_departments").fetchall()

@@ -7,8 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,8 +22,10 @@ from sync.queries import QUERIES
 from sync.records import RecordWriter
 from sync.retry_policy import AbortReason
 from sync.tombstones import TombstonePass
+from tests.cli_backends import WorkerProcess
 from tests.conftest import make_settings
 from tests.test_sync_flow import items, new_dataset
+from tests.waiting import wait_stopped
 
 AUDIT = """
 CREATE TABLE record_audit (written_by uuid, op text, at timestamptz DEFAULT clock_timestamp());
@@ -47,16 +47,6 @@ def claim(engine: Engine, worker_id: str) -> dict[str, Any]:
         ).fetchone()
     assert row is not None
     return dict(row)
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 def test_every_write_of_a_stale_claim_matches_nothing(engine: Engine, admin: Any) -> None:
@@ -139,43 +129,34 @@ def spawn_worker(schema: str, *extra: str) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.slow
 def test_a_paused_worker_loses_its_run_and_writes_nothing_after(
     schema: str, admin: Any, tmp_path: Path
 ) -> None:
-    settings = make_settings(schema, lease_seconds=2.0, control_interval=0.5, batch_size=3)
+    settings = make_settings(schema, control_interval=0.5, batch_size=3)
     source = tmp_path / "items.json"
     source.write_text(json.dumps({"items": items(*range(60), version="v1")}))
     with Engine(settings) as engine:
         engine.migrate()
         admin.execute(AUDIT)
         ws = engine.create_workspace("acme")
-        conn = engine.create_connection(
-            ws.id, "files", "filedata", config={"path": str(source), "row_delay": 0.05}
-        )
+        # Worker A stops itself as it reaches row 30: by then at least 27 rows are committed
+        # (one batch of 3 in flight at most).
+        config = {"path": str(source), "pause_after": 30, "pause_flag": str(tmp_path / "paused")}
+        conn = engine.create_connection(ws.id, "files", "filedata", config=config)
         run = engine.sync(conn.id)
-        a = spawn_worker(
-            schema,
-            "--worker-id",
-            "worker-a",
-            "--lease-seconds",
-            "2",
-            "--control-interval",
-            "0.5",
-            "--batch-size",
-            "3",
+        a = WorkerProcess(
+            spawn_worker(
+                schema, "--worker-id", "worker-a", "--control-interval", "0.5", "--batch-size", "3"
+            )
         )
         try:
-            wait_for(
-                lambda: admin.execute("SELECT count(*) AS n FROM records").fetchone()["n"] >= 24
-            )
-            os.kill(a.pid, signal.SIGSTOP)
+            wait_stopped(a.proc)
+            assert admin.execute("SELECT count(*) AS n FROM records").fetchone()["n"] >= 27
             stale = engine.attempts(run.id)[0].lease_owner
             source.write_text(json.dumps({"items": items(*range(20), version="v2")}))
-            wait_for(
-                lambda: admin.execute(
-                    "SELECT lease_expires_at < now() AS gone FROM connection_runs"
-                ).fetchone()["gone"]
-            )
+            # A's lease runs out while it is frozen (the test is the clock).
+            admin.execute("UPDATE connection_runs SET lease_expires_at = now() - interval '1 s'")
 
             b = engine.worker(worker_id="worker-b", listen=False)
             assert b.poll()
@@ -184,13 +165,11 @@ def test_a_paused_worker_loses_its_run_and_writes_nothing_after(
             b_started = engine.attempts(run.id)[1].started_at
 
             os.kill(a.pid, signal.SIGCONT)
-            # Let worker A run on well past the point where it notices.
-            time.sleep(3)
+            # A runs on until it notices, and says so.
+            assert a.wait_for("lease lost"), a.log
         finally:
             os.kill(a.pid, signal.SIGCONT)
-            a.terminate()
-            output = a.communicate(timeout=30)[0]
-        assert "lease lost" in output, output
+            a.stop()
 
         late = admin.execute(
             "SELECT count(*) AS n FROM record_audit WHERE written_by = %s AND at >= %s",
@@ -209,6 +188,7 @@ def test_a_paused_worker_loses_its_run_and_writes_nothing_after(
         assert [a.outcome for a in engine.attempts(run.id)] == ["lost", "succeeded"]
 
 
+@pytest.mark.slow
 def test_sigterm_hands_the_run_back_without_spending_an_attempt(
     schema: str, admin: Any, tmp_path: Path
 ) -> None:
@@ -218,14 +198,14 @@ def test_sigterm_hands_the_run_back_without_spending_an_attempt(
     with Engine(settings) as engine:
         engine.migrate()
         ws = engine.create_workspace("acme")
-        conn = engine.create_connection(
-            ws.id, "files", "filedata", config={"path": str(source), "row_delay": 0.05}
-        )
+        config = {"path": str(source), "pause_after": 10, "pause_flag": str(tmp_path / "paused")}
+        conn = engine.create_connection(ws.id, "files", "filedata", config=config)
         run = engine.sync(conn.id)
         worker = spawn_worker(schema, "--batch-size", "5")
-        wait_for(lambda: engine.run(run.id).status == "running")
-        wait_for(lambda: admin.execute("SELECT count(*) AS n FROM records").fetchone()["n"] >= 5)
-        worker.send_signal(signal.SIGTERM)
+        wait_stopped(worker)  # mid-table: it stopped itself at row 10
+        assert engine.run(run.id).status == "running"
+        worker.send_signal(signal.SIGTERM)  # delivered as it resumes
+        worker.send_signal(signal.SIGCONT)
         output = worker.communicate(timeout=30)[0]
         assert worker.returncode == 0, output
         back = engine.run(run.id)

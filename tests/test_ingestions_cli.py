@@ -28,6 +28,7 @@ def narrow(text: str) -> None:
     assert all(len(line) <= 80 for line in text.splitlines()), text
 
 
+@pytest.mark.slow
 def test_ingest_wait_search_and_the_ingestion_in_detail(cli: Cli, tmp_path: Path) -> None:
     cli("workspaces", "create", "site").ok()
     path = write_text(tmp_path / "site walk.txt", paragraphs=60)

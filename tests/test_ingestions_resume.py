@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from sync import Engine
 from tests.cli_backends import SCRIPT, WorkerProcess
@@ -46,6 +47,7 @@ CREATE TRIGGER hold_first_attempt BEFORE UPDATE OF processed_units ON ingestions
 """
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_resumed_at_its_last_batch_and_the_chunks_are_the_same(
     schema: str, admin: psycopg.Connection[Any], tmp_path: Path
 ) -> None:

@@ -31,6 +31,7 @@ def test_migrate_is_idempotent_and_records_checksums(schema: str, admin: Any) ->
     ]
 
 
+@pytest.mark.slow
 def test_two_processes_migrating_at_once_apply_each_file_once(schema: str, admin: Any) -> None:
     script = (
         "import sys; sys.path.insert(0, '.')\n"

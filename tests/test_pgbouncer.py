@@ -22,6 +22,7 @@ def bouncer() -> Iterator[PgBouncer]:
         yield running
 
 
+@pytest.mark.slow
 def test_a_clients_statements_land_on_whichever_server_connection_is_free(
     bouncer: PgBouncer,
 ) -> None:

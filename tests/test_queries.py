@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from sync.queries import QUERIES, parse
+from sync.maintenance_store import MAINTENANCE
+from sync.queries import QUERIES, NamedQueries, parse
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")
 
@@ -21,10 +22,11 @@ def test_parse_splits_names_docs_and_text() -> None:
         parse("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
 
 
-def test_every_named_query_prepares(engine: Any, admin: Any) -> None:
+@pytest.mark.parametrize("queries", [QUERIES, MAINTENANCE], ids=["queries", "maintenance"])
+def test_every_named_query_prepares(engine: Any, admin: Any, queries: NamedQueries) -> None:
     """PREPARE checks every name and type in a statement without running it."""
-    for name in QUERIES.names():
-        text = QUERIES._by_name[name].text
+    for name in queries.names():
+        text = queries._by_name[name].text
         params = sorted(set(_PLACEHOLDER.findall(text)))
         numbered = _PLACEHOLDER.sub(lambda m, p=params: f"${p.index(m.group(1)) + 1}", text)
         admin.execute(f"PREPARE check_{name} AS {numbered}")

@@ -8,6 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Every test here starts a process of its own (see tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 DOC = Path(__file__).parent.parent / "docs" / "queues.md"
 BLOCK = re.compile(r"```python\n# (\S+\.py)\n(.*?)```", re.DOTALL)
 

@@ -28,8 +28,8 @@ from sync.queues import Abort, Job, JobStatus, QueuePolicy, queue_spec
 from sync.queues.postgres import PostgresQueues
 from sync.worker import Listener
 from tests.conftest import make_settings
-from tests.test_fencing import wait_for
 from tests.test_lease_keeper import Ticks
+from tests.waiting import poll_until, until
 
 WAIT = 60.0
 
@@ -105,7 +105,7 @@ def test_lanes_zero_claims_nothing_while_the_other_queue_runs(
     assert lanes.served == {"docs.other": 1}
     lanes.start()
     try:
-        wait_for(lambda: queues.get_job(done).status is JobStatus.COMPLETED)
+        until(lambda: queues.get_job(done).status is JobStatus.COMPLETED, lanes.completions.flushed)
         assert lanes.wait_for_claims(lanes.claims + 5)  # it went on claiming: nothing more
     finally:
         lanes.stop()
@@ -150,7 +150,10 @@ def test_full_lanes_with_slow_handlers_never_miss_a_renewal(
             "SELECT id FROM claim_jobs_v1(ARRAY['docs.slow'], 10, 3.0, NULL)"
         ).fetchall()
         blocker.release.set()
-        wait_for(lambda: all(queues.get_job(i).status is JobStatus.COMPLETED for i in ids))
+        until(
+            lambda: all(queues.get_job(i).status is JobStatus.COMPLETED for i in ids),
+            lanes.completions.flushed,
+        )
     finally:
         blocker.release.set()
         lanes.stop()
@@ -176,7 +179,10 @@ def test_an_exclusive_queue_claims_one_job_at_a_time(
         blocker.wait_inside(3)
         claims = lanes.claims
         blocker.release.set()
-        wait_for(lambda: all(queues.get_job(i).status is JobStatus.COMPLETED for i in ids))
+        until(
+            lambda: all(queues.get_job(i).status is JobStatus.COMPLETED for i in ids),
+            lanes.completions.flushed,
+        )
     finally:
         blocker.release.set()
         lanes.stop()
@@ -224,7 +230,7 @@ def test_a_job_of_a_killed_worker_is_taken_back_after_its_lease_and_completed_on
     first = _spawn(schema, "worker-a", lease=2.0)
     second: subprocess.Popen[str] | None = None
     try:
-        wait_for(
+        poll_until(
             lambda: admin.execute("SELECT count(*) AS n FROM probe_runs").fetchone()["n"] == 1,
             timeout=WAIT,
         )
@@ -232,7 +238,9 @@ def test_a_job_of_a_killed_worker_is_taken_back_after_its_lease_and_completed_on
         first.wait(WAIT)
         assert engine.queues.get_job(job_id).status is JobStatus.ACTIVE
         second = _spawn(schema, "worker-b", lease=2.0)
-        wait_for(lambda: engine.queues.get_job(job_id).status is JobStatus.COMPLETED, timeout=WAIT)
+        poll_until(
+            lambda: engine.queues.get_job(job_id).status is JobStatus.COMPLETED, timeout=WAIT
+        )
     finally:
         for process in (first, second):
             if process is not None and process.poll() is None:

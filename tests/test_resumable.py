@@ -100,10 +100,11 @@ def test_a_table_larger_than_one_rate_window_finishes_in_one_run(
     assert run.total_units == 550  # both tables' X-Total-Count
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_table_is_resumed_where_it_stopped(
     schema: str, server: str, simulation: Simulation
 ) -> None:
-    big = simulation.add_tenant("big", size=300, seed=5, page_delay=0.02)
+    big = simulation.add_tenant("big", size=300, seed=5)
     settings = make_settings(schema, lease_seconds=30.0, batch_size=10)
     with Engine(settings) as engine:
         engine.migrate()
@@ -113,16 +114,25 @@ def test_a_worker_killed_mid_table_is_resumed_where_it_stopped(
             assert run_sync(engine, conn_id).status == "succeeded"
         big.advance()
 
-        # The worker process is killed while it asks for page 12 of the issues.
-        reached = threading.Event()
-        big.on_change("issues", lambda page, size: page == 12 and reached.set())
+        # The worker process is killed while it asks for page 12 of the issues: the provider
+        # holds that request until the worker is dead.
+        reached, killed = threading.Event(), threading.Event()
+
+        def at_page_12(page: int, size: int) -> None:
+            if page == 12:
+                reached.set()
+                assert killed.wait(60), "the test never killed the worker"
+
+        big.on_change("issues", at_page_12)
         big.log.clear()
         run = engine.sync(killed_id)
         worker = spawn_worker(schema, "--batch-size", "10", "--lease-seconds", "30")
         try:
             assert reached.wait(60), "the worker never reached page 12"
             os.kill(worker.pid, signal.SIGKILL)
+            worker.wait(30)
         finally:
+            killed.set()
             worker.kill()
             worker.communicate(timeout=30)
         big.on_change("issues", None)
@@ -310,6 +320,13 @@ def test_what_sync_wait_and_runs_show_say_of_a_waiting_or_running_run(
     )
 
 
+# As if the sweep interval had passed since a worker last swept (see maintenance_runs).
+SWEEP_DUE = (
+    "UPDATE maintenance_runs SET last_run_at = now() - interval '1 day' "
+    "WHERE task = 'sweep_seen_keys'"
+)
+
+
 def test_seen_keys_outlive_an_attempt_but_not_the_run(engine: Engine, admin: Any) -> None:
     key, data = new_dataset(items=items(*range(1, 11)))
     ws = engine.create_workspace("acme")
@@ -325,8 +342,10 @@ def test_seen_keys_outlive_an_attempt_but_not_the_run(engine: Engine, admin: Any
     assert engine.run(run.id).status == "queued"
     count = "SELECT count(*) AS n FROM run_seen_keys WHERE run_id = %s"
     assert admin.execute(count, (run.id,)).fetchone()["n"] == 5
-    # Another worker's sweep keeps the keys of a run that waits in the queue...
-    engine.worker(listen=False).poll()
+    # Another worker's sweep (its turn comes: the sweep interval has passed) keeps the keys of a
+    # run that waits in the queue...
+    admin.execute(SWEEP_DUE)
+    assert engine.worker(listen=False).sweeper.run_once() == {"seen_keys": 0}
     assert admin.execute(count, (run.id,)).fetchone()["n"] == 5
     # ...and collects those a finished run left behind.
     admin.execute("INSERT INTO run_seen_keys VALUES (%s, 'items', 'x')", (run.id - 1,))
@@ -334,6 +353,8 @@ def test_seen_keys_outlive_an_attempt_but_not_the_run(engine: Engine, admin: Any
     worker = engine.worker(listen=False)
     assert worker.poll()
     assert engine.run(run.id).status == "succeeded"
+    admin.execute(SWEEP_DUE)
+    assert worker.sweeper.run_once() == {"seen_keys": 1}
     assert admin.execute("SELECT count(*) AS n FROM run_seen_keys").fetchone()["n"] == 0
     assert tombstoned(admin, conn.id) == set()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -120,7 +119,7 @@ def test_cancel_a_queued_run_at_once(engine: Engine) -> None:
         engine.cancel_run(run.id)
 
 
-def test_cancel_a_running_run_ends_it_within_two_control_intervals(schema: str, admin: Any) -> None:
+def test_cancel_a_running_run_ends_it_at_the_next_control_check(schema: str, admin: Any) -> None:
     from tests.conftest import make_settings
 
     settings = make_settings(schema, control_interval=0.5)
@@ -128,19 +127,22 @@ def test_cancel_a_running_run_ends_it_within_two_control_intervals(schema: str, 
         engine.migrate()
         key, data = new_dataset(items=items(*range(1, 200)))
         started = threading.Event()
+        worker = engine.worker(listen=False)
 
-        def slow(index: int) -> None:
+        def held(index: int) -> None:
             if index == 5:
                 started.set()
-            time.sleep(0.02)
+                # The run stays at row 5 until its abort signal trips: only the lease keeper's
+                # control read, finding the cancel request, can trip it here.
+                abort = worker._executor.current
+                assert abort is not None and abort.wait(30)
 
-        data.before_row["items"] = slow
+        data.before_row["items"] = held
         ws = engine.create_workspace("acme")
         conn = engine.create_connection(
             ws.id, "mem", "memory", config={"dataset": key, "page_size": 5}
         )
         run = engine.sync(conn.id)
-        worker = engine.worker(listen=False)
         thread = threading.Thread(target=worker.poll)
         thread.start()
         assert started.wait(10)
@@ -148,11 +150,10 @@ def test_cancel_a_running_run_ends_it_within_two_control_intervals(schema: str, 
         thread.join(30)
         final = engine.run(run.id)
         assert final.status == "cancelled"
-        took = (final.finished_at - final.cancel_requested_at).total_seconds()
-        assert took <= 2 * settings.control_interval, took
-        # What was written before the cancel is kept and reported.
+        assert final.finished_at >= final.cancel_requested_at
+        # What was written before the cancel is kept and reported; the rest was never read.
         assert final.results["items"]["status"] == "cancelled"
-        assert final.results["items"]["upserted"] >= 5
+        assert 5 <= final.results["items"]["upserted"] < 199
         written = admin.execute("SELECT count(*) AS n FROM records").fetchone()["n"]
         assert written == final.results["items"]["upserted"]
 

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# Every test here starts a process of its own (see tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parent.parent
 BIN = Path(sys.executable).parent
 

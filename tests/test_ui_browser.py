@@ -14,6 +14,9 @@ from sync import Engine
 from tests.conftest import make_settings
 from tests.ui_support import GATES, Browser, chromium, new_gate, serving, worker_loop
 
+# Every test here starts a process of its own (see tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 # Every page the browser visits in a test is checked for console errors at its end.
 
 

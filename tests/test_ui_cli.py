@@ -18,6 +18,9 @@ import pytest
 
 from tests.conftest import DATABASE_URL
 
+# Every test here starts a process of its own (see tests/conftest.py).
+pytestmark = pytest.mark.slow
+
 SCRIPT = Path(sys.executable).parent / "connector-sync"
 
 

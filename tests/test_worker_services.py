@@ -1,16 +1,21 @@
 """The worker's long-lived parts: LISTEN wakes it, survives a dropped connection, a failing stage
-skips nothing, and heartbeats keep coming while a run executes."""
+skips nothing, heartbeats keep coming and schedules keep being enqueued while a run executes, a
+failing service logs, counts and carries on, a dead service thread is started again, and N workers
+asking for a fleet task at the same moment run it once per interval. Nothing sleeps: tests wait on
+the services' signals."""
 
 from __future__ import annotations
 
+import logging
 import threading
-import time
 from typing import Any
 
+import pytest
+
 from sync import Engine
+from sync.services import FleetTask, ScheduleEnqueuer, Service
 from sync.worker import Listener
 from tests.conftest import make_settings
-from tests.test_fencing import wait_for
 from tests.test_sync_flow import items, new_dataset
 
 
@@ -32,7 +37,7 @@ def test_listen_wakes_the_worker_and_resubscribes_after_a_drop(engine: Engine, a
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
             (f"connector-sync/{engine.settings.schema_name}/listen",),
         )
-        wait_for(lambda: listener.failures >= 1)
+        assert listener.lost.wait_for(1)
         assert listener.connected.wait(10)
         wake.clear()
         engine.cancel_run(run.id)
@@ -59,33 +64,232 @@ def test_a_failing_stage_skips_no_other(engine: Engine) -> None:
     assert worker.stage_failures == {"heartbeat": 1}
 
 
+def blocked_run(engine: Engine) -> tuple[int, threading.Event, threading.Event]:
+    """A queued sync whose first row waits until ``release`` is set; ``started`` is set when it
+    has begun (the run is running, with its lease)."""
+    key, data = new_dataset(items=items(*range(3)))
+    started, release = threading.Event(), threading.Event()
+
+    def hold(index: int) -> None:
+        if index == 0:
+            started.set()
+            assert release.wait(60), "the test never released the run"
+
+    data.before_row["items"] = hold
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+    return engine.sync(conn.id).id, started, release
+
+
 def test_heartbeats_continue_while_a_run_executes(schema: str, admin: Any) -> None:
     settings = make_settings(schema, heartbeat_interval=0.2, control_interval=0.1)
     with Engine(settings) as engine:
         engine.migrate()
-        key, data = new_dataset(items=items(*range(30)))
-        data.before_row["items"] = lambda index: time.sleep(0.05)
-        ws = engine.create_workspace("acme")
-        conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
-        run = engine.sync(conn.id)
+        run_id, started, release = blocked_run(engine)
         worker = engine.worker(worker_id="beating", listen=False)
         thread = threading.Thread(target=worker.poll)
         thread.start()
         try:
-            seen = wait_for(
-                lambda: admin.execute(
-                    "SELECT heartbeat_at FROM workers WHERE current_run_id = %s", (run.id,)
-                ).fetchone()
-            )
-            wait_for(
-                lambda: admin.execute(
-                    "SELECT heartbeat_at > %s AS later FROM workers", (seen["heartbeat_at"],)
-                ).fetchone()["later"]
-            )
-            assert engine.run(run.id).status == "running"
+            assert started.wait(30)
+            beats = worker.heartbeat.signals.ran
+            assert beats.wait_for(beats.count + 1)
+            first = admin.execute("SELECT heartbeat_at, current_run_id FROM workers").fetchone()
+            assert first["current_run_id"] == run_id
+            assert beats.wait_for(beats.count + 1)  # the lease keeper's thread sends them
+            later = admin.execute(
+                "SELECT heartbeat_at > %s AS later FROM workers", (first["heartbeat_at"],)
+            ).fetchone()
+            assert later["later"]
+            assert engine.run(run_id).status == "running"
         finally:
+            release.set()
             thread.join(30)
-        assert engine.run(run.id).status == "succeeded"
+        assert engine.run(run_id).status == "succeeded"
+
+
+def test_schedules_are_enqueued_while_a_long_run_executes(schema: str, admin: Any) -> None:
+    """The loop runs the schedule enqueuer on its own timer: a run that takes hours does not
+    keep a due connection waiting for it to end."""
+    settings = make_settings(schema, schedule_interval=0.05, poll_interval=0.05)
+    with Engine(settings) as engine:
+        engine.migrate()
+        run_id, started, release = blocked_run(engine)
+        key, _ = new_dataset(items=items(1))
+        ws = engine.create_workspace("other")
+        due = engine.create_connection(
+            ws.id, "hourly", "memory", config={"dataset": key}, schedule_every=3600
+        )
+        admin.execute("UPDATE connections SET next_run_at = NULL WHERE id = %s", (due.id,))
+        worker = engine.worker(listen=False)
+        loop = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+        loop.start()
+        try:
+            assert started.wait(30)
+            admin.execute(
+                "UPDATE connections SET next_run_at = now() - interval '1 second' WHERE id = %s",
+                (due.id,),
+            )
+            scans = worker.schedules.signals.ran
+            assert scans.wait_for(scans.count + 2)  # a scan that began after the update
+            queued = engine.runs(connection_id=due.id)
+            assert [(r.status, r.trigger) for r in queued] == [("queued", "schedule")]
+            assert engine.run(run_id).status == "running"
+        finally:
+            release.set()
+            worker.stop()
+            loop.join(30)
+        assert not any(service.alive for service in worker.services)
+
+
+class Counting(Service[int]):
+    """A service whose work fails while ``failing`` is set."""
+
+    name = "counting"
+
+    def __init__(self, clock: Any) -> None:
+        super().__init__(interval=10.0, max_backoff=30.0, clock=clock)
+        self.calls = 0
+        self.failing = False
+
+    def _run(self) -> int:
+        self.calls += 1
+        if self.failing:
+            raise RuntimeError("down")
+        return self.calls
+
+
+def test_a_service_runs_when_its_interval_has_passed_and_backs_off_while_it_fails() -> None:
+    now = [0.0]
+    service = Counting(clock=lambda: now[0])
+    assert service.run_if_due() and service.calls == 1  # never ran: due at once
+    now[0] = 9.9
+    assert not service.run_if_due()
+    now[0] = 10.0
+    assert service.run_if_due() and service.calls == 2
+
+    # Failing, it is retried after 1, 2, 4... s up to max_backoff, but never sooner than its
+    # interval: here the interval wins until the backoff passes it.
+    service.failing = True
+    failed_at = []
+    for _ in range(7):
+        with pytest.raises(RuntimeError):
+            while not service.run_if_due():
+                now[0] += 0.5
+        failed_at.append(now[0])
+    gaps = [b - a for a, b in zip([10.0, *failed_at], failed_at, strict=False)]
+    assert gaps == [10.0, 10.0, 10.0, 10.0, 10.0, 16.0, 30.0]
+    assert service.failures == 7 and service.signals.failed.count == 7
+    service.failing = False
+    now[0] += 30.0
+    assert service.run_if_due() and service.run_if_due() is False  # back to its interval
+    assert service.signals.ran.count == 3
+
+
+def test_a_failing_service_logs_counts_and_carries_on(
+    schema: str, engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = make_settings(schema, schedule_interval=0.01, max_backoff=0.05)
+    service = ScheduleEnqueuer(engine.pool, settings)
+    real = service._run
+    calls = 0
+
+    def flaky() -> int:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            raise RuntimeError("the scan exploded")
+        return real()
+
+    service._run = flaky  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR, logger="sync.services"):
+        service.start()
+        try:
+            assert service.signals.ran.wait_for(1)
+        finally:
+            service.stop()
+    assert not service.alive
+    assert service.failures == 2 and service.signals.failed.count == 2
+    assert caplog.text.count("schedules failed") == 2
+    assert "the scan exploded" in caplog.text
+
+
+def test_the_loop_starts_a_dead_service_thread_again(
+    schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = make_settings(schema, sweep_interval=0.05, poll_interval=0.05)
+    with Engine(settings) as engine:
+        engine.migrate()
+        worker = engine.worker(listen=False)
+        sweeper = worker.sweeper
+        real = sweeper._loop
+        deaths = 0
+
+        def dying() -> None:
+            nonlocal deaths
+            if deaths == 0:
+                deaths += 1
+                return  # the thread ends, whatever the reason
+            real()
+
+        sweeper._loop = dying  # type: ignore[method-assign]
+        loop = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+        with caplog.at_level(logging.ERROR, logger="sync.worker"):
+            loop.start()
+            try:
+                assert sweeper.signals.ran.wait_for(1)
+            finally:
+                worker.stop()
+                loop.join(30)
+        assert deaths == 1
+        assert "the sweeper thread died; restarting it" in caplog.text
+
+
+@pytest.mark.parametrize("task", ["cleaner", "sweeper"])
+def test_n_workers_asking_at_the_same_moment_run_a_fleet_task_once_per_interval(
+    engine: Engine, admin: Any, task: str
+) -> None:
+    workers = [engine.worker(worker_id=f"{task}-{i}", listen=False) for i in range(8)]
+    try:
+        ask_at_once(admin, workers, task)
+    finally:
+        for worker in workers:
+            worker.close()
+
+
+def ask_at_once(admin: Any, workers: list[Any], task: str) -> None:
+    services: list[FleetTask] = [getattr(w, task) for w in workers]
+    name = services[0].task
+    for interval in range(4):
+        results: list[Any] = [None] * len(services)
+        barrier = threading.Barrier(len(services))
+
+        def ask(i: int, barrier: threading.Barrier, results: list[Any]) -> None:
+            barrier.wait()
+            results[i] = services[i].run_once()
+
+        threads = [
+            threading.Thread(target=ask, args=(i, barrier, results)) for i in range(len(services))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        ran = [i for i, result in enumerate(results) if result is not None]
+        assert len(ran) == 1, (interval, results)
+        marker = admin.execute(
+            "SELECT worker_id, finished_at IS NOT NULL AS done, result FROM maintenance_runs "
+            "WHERE task = %s",
+            (name,),
+        ).fetchone()
+        assert marker["worker_id"] == workers[ran[0]].id and marker["done"]
+        assert marker["result"] == results[ran[0]]
+        # Within the same interval, nobody runs it again.
+        assert all(service.run_once() is None for service in services)
+        # The interval passes.
+        admin.execute(
+            "UPDATE maintenance_runs SET last_run_at = now() - interval '1 day' WHERE task = %s",
+            (name,),
+        )
 
 
 def test_in_the_loop_a_finish_claims_the_next_run_in_the_same_round_trip(engine: Engine) -> None:

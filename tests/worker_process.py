@@ -1,18 +1,26 @@
 """A worker process for tests: `python -m tests.worker_process --schema S [options]`.
 
 It loads the test connectors, then either runs the normal worker loop until SIGTERM (`loop`) or
-polls without LISTEN until the queue has been empty for a while (`drain`, for stress tests)."""
+polls until no run is left waiting, queued or running (`drain`, for stress tests): between polls
+that found nothing it waits as the worker loop does, for a NOTIFY (a run finished while others
+are due) or the poll interval."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-import time
+import threading
 
 import tests.fakes  # noqa: F401 - registers the test connectors
 from sync import Engine
+from sync.worker import Listener
 from tests.conftest import make_settings
+
+PENDING = (
+    "SELECT EXISTS (SELECT 1 FROM connection_runs WHERE status IN ('waiting', 'queued', "
+    "'running')) AS pending"
+)
 
 
 def main() -> None:
@@ -23,7 +31,6 @@ def main() -> None:
     parser.add_argument("--lease-seconds", type=float, default=120.0)
     parser.add_argument("--control-interval", type=float, default=2.0)
     parser.add_argument("--batch-size", type=int, default=1000)
-    parser.add_argument("--idle-polls", type=int, default=200)
     parser.add_argument("--app", action="append", default=[], help="module:function")
     args = parser.parse_args()
     logging.basicConfig(
@@ -44,14 +51,22 @@ def main() -> None:
             engine.worker(worker_id=args.worker_id, apps=args.app).run()
             return
         worker = engine.worker(worker_id=args.worker_id, listen=False)
-        idle = 0
-        while idle < args.idle_polls:
-            if worker.poll():
-                idle = 0
-            else:
-                idle += 1
-                time.sleep(0.002)
-        worker.close()
+        wake = threading.Event()
+        listener = Listener(settings, engine.url, wake)
+        listener.start()
+        try:
+            while True:
+                wake.clear()
+                if worker.poll():
+                    continue
+                with engine.pool.connection() as conn:
+                    row = conn.execute(PENDING).fetchone()
+                if not row or not row["pending"]:
+                    break
+                wake.wait(settings.poll_interval)
+        finally:
+            listener.stop()
+            worker.close()
         print(f"executed {worker.runs_executed}", flush=True)
 
 

@@ -32,16 +32,16 @@ log = logging.getLogger("sync.ui.metrics")
 NAV = ("Metrics", "/metrics")
 PREFIX = "connector_sync"
 RUNS_QUEUE = "runs"  # the `queue` label of the run queue; application queues get their own
-SCRAPE_TIMEOUT = 5.0  # seconds the snapshot statement may take
 
 
 class DatabaseCollector(Collector):
     """Reads :meth:`Engine.metrics_snapshot` on every collect. If the database does not answer,
     the scrape still succeeds with ``connector_sync_database_up 0`` and nothing else."""
 
-    def __init__(self, engine: Engine, timeout: float = SCRAPE_TIMEOUT) -> None:
+    def __init__(self, engine: Engine, timeout: float | None = None) -> None:
         self.engine = engine
-        self.timeout = timeout
+        # Seconds the snapshot statement may take: a slow database fails the scrape quickly.
+        self.timeout = engine.settings.metrics_timeout if timeout is None else timeout
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         up = GaugeMetricFamily(

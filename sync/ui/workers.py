@@ -7,7 +7,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from sync.overview import STALE_HEARTBEATS
 from sync.ui.render import engine_of, render
 
 NAV = ("Workers", "/workers")
@@ -17,7 +16,7 @@ def _context(request: Request) -> dict[str, object]:
     engine = engine_of(request)
     return {
         "workers": engine.worker_states(),
-        "stale_after": STALE_HEARTBEATS * engine.settings.heartbeat_interval,
+        "stale_after": engine.settings.stale_after,
     }
 
 

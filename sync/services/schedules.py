@@ -1,0 +1,38 @@
+"""The schedule enqueuer: every ``schedule_interval`` it queues a run of each due connection (at
+most ``schedule_batch`` per scan) and moves the connection's next run on. Any number of workers
+scan at once: the statement skips the connections another scan has locked."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from sync.db import Pool
+from sync.queries import QUERIES
+from sync.services.base import Clock, Service
+from sync.settings import Settings
+
+log = logging.getLogger("sync.worker")
+
+
+class ScheduleEnqueuer(Service[int]):
+    """``run_once()`` returns how many runs it queued."""
+
+    name = "schedules"
+
+    def __init__(self, pool: Pool, settings: Settings, *, clock: Clock = time.monotonic) -> None:
+        super().__init__(settings.schedule_interval, settings.max_backoff, clock=clock)
+        self._pool = pool
+        self._settings = settings
+
+    def _run(self) -> int:
+        params = {
+            "limit": self._settings.schedule_batch,
+            "max_attempts": self._settings.max_attempts,
+        }
+        with self._pool.connection() as conn:
+            row = conn.execute(QUERIES.enqueue_due_schedules, params).fetchone()
+        queued = int(row["queued"]) if row else 0
+        if queued:
+            log.info("enqueued %d scheduled run(s)", queued)
+        return queued

@@ -1,0 +1,86 @@
+"""Plan regression: each retention batch reads through an index or by tuple id, never a scan of
+the whole table, so a batch costs its own rows however large the history is."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sync import Engine
+from sync.maintenance_store import MAINTENANCE
+from tests.plans import explained, nodes
+
+HISTORY = """
+INSERT INTO workspaces (name) VALUES ('acme');
+INSERT INTO connections (workspace_id, name, provider)
+SELECT 1, 'c' || g, 'memory' FROM generate_series(1, 100) g;
+INSERT INTO connection_runs (connection_id, workspace_id, provider, status, queued_at,
+                             finished_at, attempts)
+SELECT 1 + g % 100, 1, 'memory', 'succeeded', now() - interval '90 days' + g * interval '1 min',
+       now() - interval '90 days' + g * interval '1 min', 1
+  FROM generate_series(1, 50000) g;
+INSERT INTO run_attempts (run_id, attempt, lease_owner, worker_id)
+SELECT id, 1, gen_random_uuid(), 'w' FROM connection_runs;
+INSERT INTO records (connection_id, table_name, external_id, data, content_hash, written_by,
+                     deleted_at)
+SELECT 1, 'items', g::text, '{}', '\\x00', gen_random_uuid(),
+       CASE WHEN g % 10 = 0 THEN now() - interval '100 days' END
+  FROM generate_series(1, 50000) g;
+ANALYZE;
+"""
+
+
+def plan_of(admin: Any, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """The nodes of the statement's plan, and of those its foreign keys' cascades ran."""
+    _, plans = explained(admin, MAINTENANCE._by_name[name].text, params)
+    return [node for plan in plans for node in nodes(plan["Plan"])]
+
+
+def scans_of(found: list[dict[str, Any]], relation: str) -> list[dict[str, Any]]:
+    return [
+        n for n in found if n.get("Relation Name") == relation and n["Node Type"].endswith("Scan")
+    ]
+
+
+def test_a_batch_of_old_runs_walks_the_retention_index(engine: Engine, admin: Any) -> None:
+    admin.execute(HISTORY)
+    found = plan_of(
+        admin,
+        "prune_runs_batch",
+        {
+            "older_than": timedelta(days=30),
+            "keep": 20,
+            "limit": 1000,
+            "after_finished_at": datetime(1, 1, 1, tzinfo=UTC),
+            "after_id": 0,
+            "delete": True,
+        },
+    )
+    runs = scans_of(found, "connection_runs")
+    assert not [n for n in runs if n["Node Type"] == "Seq Scan"], json.dumps(found, indent=1)
+    walk = next(n for n in runs if n.get("Index Name") == "connection_runs_retention")
+    assert walk["Actual Rows"] == 1000  # the batch, not the 42,000 old runs
+    # The newest runs of each connection are counted through its index, 20 at most per run.
+    assert any(n.get("Index Name") == "connection_runs_by_connection" for n in found)
+    # The attempts are counted, and deleted by the cascade, through their index.
+    attempts = scans_of(found, "run_attempts")
+    assert {n.get("Index Name") for n in attempts} == {"run_attempts_by_run"}, [
+        (n["Node Type"], n.get("Index Name")) for n in attempts
+    ]
+
+
+def test_a_batch_of_old_tombstones_reads_them_by_index_and_deletes_by_tuple_id(
+    engine: Engine, admin: Any
+) -> None:
+    admin.execute(HISTORY)
+    found = plan_of(
+        admin,
+        "prune_tombstones_batch",
+        {"older_than": timedelta(days=30), "limit": 1000, "delete": True},
+    )
+    records = scans_of(found, "records")
+    assert {n["Node Type"] for n in records} == {"Index Scan", "Tid Scan"}, json.dumps(found)
+    candidates = next(n for n in records if n["Node Type"] == "Index Scan")
+    assert candidates["Index Name"] == "records_tombstoned"
+    assert candidates["Actual Rows"] == 1000  # of 5,000 old tombstones and 45,000 live rows
