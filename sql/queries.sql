@@ -9,8 +9,9 @@
 
 
 -- name: enqueue_run
--- Queues a sync of an active connection, or returns the run already queued/running for it.
-SELECT * FROM enqueue_run(%(connection_id)s, %(workspace_id)s, %(trigger)s, %(max_attempts)s);
+-- Queues a sync of an active connection, or returns the run already queued/running for it; wakes
+-- one worker that can run it (see enqueue_run_v3() in 0013_lane_parking.sql).
+SELECT * FROM enqueue_run_v3(%(connection_id)s, %(workspace_id)s, %(trigger)s, %(max_attempts)s);
 
 -- name: claim_run
 -- Claims the oldest claimable run this worker can execute (see claim_run() in
@@ -21,6 +22,17 @@ SELECT r.*, c.name AS connection_name, c.status AS connection_status, c.config,
        (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
          WHERE s.connection_id = r.connection_id AND s.cursor IS NOT NULL) AS cursors
   FROM claim_run(%(worker_id)s, %(lease)s, %(providers)s::text[]) r
+  LEFT JOIN connections c ON c.id = r.connection_id;
+
+-- name: claim_run_v3
+-- claim_run over the index of unparked runs (see claim_run_v3() in 0013_lane_parking.sql): runs
+-- queued behind a busy lane are never walked. `wakeable`: this worker listens on its own channel,
+-- and an empty claim marks it idle so that one enqueue wakes it alone.
+SELECT r.*, c.name AS connection_name, c.status AS connection_status, c.config,
+       c.credentials,
+       (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
+         WHERE s.connection_id = r.connection_id AND s.cursor IS NOT NULL) AS cursors
+  FROM claim_run_v3(%(worker_id)s, %(lease)s, %(providers)s::text[], %(wakeable)s) r
   LEFT JOIN connections c ON c.id = r.connection_id;
 
 -- name: renew_lease
@@ -109,6 +121,25 @@ SELECT f.sealed, (f.claimed).*, c.name AS connection_name,
   FROM finish_and_claim(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
                         %(processed_units)s, %(disconnect)s, %(worker_id)s, %(lease)s,
                         %(providers)s::text[]) f
+  LEFT JOIN connections c ON c.id = (f.claimed).connection_id;
+
+-- name: finish_run_v3
+-- finish_run, waking one worker only if the finish made a run claimable (see finish_run_v3() in
+-- 0013_lane_parking.sql). Fenced: a stale owner's finish matches nothing and returns false.
+SELECT f.id IS NOT NULL AS sealed
+  FROM finish_run_v3(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
+                     %(processed_units)s, %(disconnect)s) f;
+
+-- name: finish_and_claim_v3
+-- finish_and_claim over claim_run_v3 and finish_run_v3: the one round trip between two runs,
+-- waking another worker only for a run this one did not take itself.
+SELECT f.sealed, (f.claimed).*, c.name AS connection_name,
+       c.status AS connection_status, c.config, c.credentials,
+       (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
+         WHERE s.connection_id = (f.claimed).connection_id AND s.cursor IS NOT NULL) AS cursors
+  FROM finish_and_claim_v3(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
+                           %(processed_units)s, %(disconnect)s, %(worker_id)s, %(lease)s,
+                           %(providers)s::text[], %(wakeable)s) f
   LEFT JOIN connections c ON c.id = (f.claimed).connection_id;
 
 -- name: requeue_run

@@ -300,6 +300,8 @@ class Executor:
         self._worker_id = worker_id
         self.current: AbortSignal | None = None
         self._seen_keys_left = False
+        # Whether the claim folded into a finish may mark this worker idle (Worker._wakeable).
+        self.wakeable: Callable[[], bool] = lambda: False
 
     def execute(self, run: ClaimedRun, *, claim_next: bool = False) -> ClaimedRun | None:
         """Run one claimed run to its end and apply the outcome. With ``claim_next``, a run that
@@ -881,10 +883,11 @@ class Executor:
                             worker_id=self._worker_id,
                             lease=timedelta(seconds=self._settings.lease_seconds),
                             providers=self._providers,
+                            wakeable=self.wakeable(),
                         )
-                        cursor = conn.execute(QUERIES.finish_and_claim, finish)
+                        cursor = conn.execute(QUERIES.finish_and_claim_v3, finish)
                     else:
-                        cursor = conn.execute(QUERIES.finish_run, finish)
+                        cursor = conn.execute(QUERIES.finish_run_v3, finish)
                     conn.execute(QUERIES.record_attempt_results, params)
                 row = cursor.fetchone()
                 if fold and row is not None and row["id"] is not None:

@@ -77,8 +77,10 @@ class Listener:
         url: str,
         wake: threading.Event,
         on_job: Callable[[str | None], object] | None = None,
+        worker_id: str | None = None,
     ) -> None:
         self._settings = settings
+        self._worker_id = worker_id  # also listens on this worker's own channel
         self._url = url
         self._wake = wake
         self._on_job = on_job
@@ -120,6 +122,14 @@ class Listener:
                     conn.execute(
                         psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel["c"]))
                     )
+                    if self._worker_id is not None:
+                        own = conn.execute(
+                            "SELECT worker_channel_v3(%s) AS c", (self._worker_id,)
+                        ).fetchone()
+                        assert own is not None
+                        conn.execute(
+                            psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(own["c"]))
+                        )
                     self.connected.set()
                     self._wake.set()
                     if self._on_job is not None:
@@ -201,10 +211,13 @@ class Worker:
         # The application queues' lanes, if CONNECTOR_SYNC_LANES gives this process any.
         self._lanes = Lanes.from_settings(queues, self._keeper, settings) if queues else None
         on_job = self._lanes.wake if self._lanes is not None else None
-        self._listener = Listener(settings, url, self._wake, on_job) if listen else None
+        self._listener = (
+            Listener(settings, url, self._wake, on_job, worker_id=self.id) if listen else None
+        )
         self._executor = Executor(
             pool, settings, secrets, self._keeper, self.id, providers=self.providers
         )
+        self._executor.wakeable = self._wakeable
         self._current_run_id: int | None = None
         self.stage_failures: dict[str, int] = {}
         self.database_failures = 0  # consecutive polls in which the database failed
@@ -390,11 +403,12 @@ class Worker:
         if run is None:
             with self._pool.connection() as conn:
                 row = conn.execute(
-                    QUERIES.claim_run,
+                    QUERIES.claim_run_v3,
                     {
                         "worker_id": self.id,
                         "lease": timedelta(seconds=self.settings.lease_seconds),
                         "providers": self.providers,
+                        "wakeable": self._wakeable(),
                     },
                 ).fetchone()
             if row is None:
@@ -411,6 +425,12 @@ class Worker:
             self._current_run_id = None
             self.runs_executed += 1
         return True
+
+    def _wakeable(self) -> bool:
+        """An empty claim may mark this worker idle, to be woken alone on its own channel: only
+        while its loop runs and its LISTEN connection is up."""
+        listener = self._listener
+        return self._continuous and listener is not None and listener.connected.is_set()
 
     def _hand_back_prefetched(self) -> None:
         """A run claimed with the last finish but not started: back to the queue, no attempt
