@@ -20,6 +20,7 @@ from tests.plans import explained, nodes
 
 LEASE = timedelta(minutes=5)
 
+
 def lane(admin: Any, count: int) -> None:
     """Workspace 1 with connections 1..count of one provider (one lane); connection count + 1
     in workspace 2."""
@@ -169,9 +170,7 @@ class Drain:
             self.errors.append(exc)
 
     def round(self) -> None:
-        threads = [
-            threading.Thread(target=self.claimer, args=(i,)) for i in range(self.claimers)
-        ]
+        threads = [threading.Thread(target=self.claimer, args=(i,)) for i in range(self.claimers)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -216,6 +215,7 @@ def test_concurrent_claimers_drain_parked_lanes_one_run_at_a_time(
         "INSERT INTO connection_runs (connection_id, workspace_id, provider, status) "
         "SELECT id, workspace_id, provider, 'queued' FROM connections WHERE id <= 240"
     )
+
     def enqueue_late() -> None:
         with _connect(schema) as conn:
             for connection in range(241, 301):
