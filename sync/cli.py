@@ -20,7 +20,7 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -70,6 +70,7 @@ from sync.console import (
     error_text,
     fitted_table,
     format_duration,
+    retry_when,
     styled,
     when,
 )
@@ -126,10 +127,17 @@ def tables_done(run: Run) -> int:
 
 
 def describe_progress(
-    run: Run, *, workers_alive: int | None, now: datetime, workers_able: int | None = None
+    run: Run,
+    *,
+    workers_alive: int | None,
+    now: datetime,
+    workers_able: int | None = None,
+    countdown: bool = True,
 ) -> str:
     """One line about where a run is; pure, for the live view and its plain-text twin.
-    ``workers_able``: how many live workers have the run's provider installed."""
+    ``workers_able``: how many live workers have the run's provider installed. Without
+    ``countdown`` a retry says when it starts rather than in how many seconds, so that the line
+    changes only when the run's state does (output without a terminal prints each change)."""
     if run.status == "queued":
         if run.waits and run.waiting_until is not None and run.waiting_until > now:
             until = run.waiting_until.astimezone(UTC)
@@ -138,10 +146,11 @@ def describe_progress(
             )
             return f"waiting for {run.waiting_for} until {clock} UTC, {ordinal(run.waits)} wait"
         if run.attempts > 0 and run.queued_at > now:
-            wait = (run.queued_at - now).total_seconds()
             why = brief_error(run.error, 60)
-            return f"retrying in {wait:.0f}s (attempt {run.attempts + 1} of {run.max_attempts})" + (
-                f" after {why}" if why else ""
+            return (
+                f"retrying {retry_when(run.queued_at, now, countdown=countdown)} "
+                f"(attempt {run.attempts + 1} of {run.max_attempts})"
+                + (f" after {why}" if why else "")
             )
         if workers_alive == 0:
             return "queued; no worker is running: start one with `connector-sync worker`"
@@ -187,9 +196,19 @@ def follow_progress(out: Console, run_id: int, total: int | None) -> tuple[Progr
     return progress, task
 
 
-def follow_run(engine: Engine, run: Run, *, live: bool, interval: float = 0.5) -> Run:
+def follow_run(
+    engine: Engine,
+    run: Run,
+    *,
+    live: bool,
+    interval: float = 0.5,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    sleep: Callable[[float], None] = time.sleep,
+) -> Run:
     """Poll the run until it ends, showing tables done, records read, attempts and a
-    countdown while a retry waits. Returns the final run."""
+    countdown while a retry waits. Without a terminal, a line is printed each time what the
+    run is doing changes (a wait prints one line, with the time it ends, not one a second).
+    Returns the final run."""
     out = stdout()
     progress, task = follow_progress(out, run.id, table_count(run.provider))
     last_line = ""
@@ -205,7 +224,11 @@ def follow_run(engine: Engine, run: Run, *, live: bool, interval: float = 0.5) -
                 checked_workers_at = time.monotonic()
                 alive, able = live_workers(engine, run.provider)
             line = describe_progress(
-                run, workers_alive=alive, now=datetime.now(UTC), workers_able=able
+                run,
+                workers_alive=alive,
+                now=clock(),
+                workers_able=able,
+                countdown=display is not None,
             )
             # The bar follows the table being read when the provider said its size.
             at = run.progress or {}
@@ -223,7 +246,7 @@ def follow_run(engine: Engine, run: Run, *, live: bool, interval: float = 0.5) -
             last_line = line
             if run.is_terminal:
                 break
-            time.sleep(interval)
+            sleep(interval)
     if live:
         print_results(out, run)
     return run

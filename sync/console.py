@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from rich import box
@@ -206,3 +206,11 @@ def details(rows: Sequence[tuple[str, Cell]]) -> Table:
 def _cells(value: Cell) -> int:
     text = value if isinstance(value, Text) else Text(value)
     return max((line.cell_len for line in text.split()), default=0)
+
+
+def retry_when(at: datetime, now: datetime, *, countdown: bool) -> str:
+    """When a retry starts: ``in 28s`` for a live view that counts down, ``at 14:05:12 UTC``
+    for output without a terminal, which prints a line only when it changes."""
+    if countdown:
+        return f"in {(at - now).total_seconds():.0f}s"
+    return f"at {at.astimezone(UTC):%H:%M:%S} UTC"
