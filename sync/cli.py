@@ -254,7 +254,7 @@ def follow_run(
 
 def print_results(out: Console, run: Run) -> None:
     if run.results:
-        out.print(results_table(run, out.width))
+        print_with_errors(out, results_table(run, out.width), table_errors(run))
     style = STATUS_STYLE.get(run.status, "")
     ended = Text(f"run #{run.id} {run.status}", style=style)
     tries = f"{run.attempts} attempt" + ("" if run.attempts == 1 else "s")
@@ -269,14 +269,22 @@ def print_results(out: Console, run: Run) -> None:
         out.print(Text(f"({error_text(run.error, status=run.status)})", overflow="fold"))
 
 
+def print_with_errors(out: Console, table: Table, errors: list[tuple[str, Cell]]) -> None:
+    """A table, then its rows' errors below it in full, each wrapped at the console's width
+    under the name of its row: a column of errors is too narrow for URLs and paths."""
+    out.print(table)
+    if errors:
+        out.print(details(errors))
+
+
 def results_table(run: Run, width: int) -> Table:
+    """The per-table results; their errors are ``table_errors``, printed below."""
     columns = [
         Col("table", key=True),
         Col("status", key=True),
         Col("upserted", keep=3, justify="right"),
         Col("unchanged", keep=1, justify="right"),
         Col("tombstoned", keep=2, justify="right"),
-        Col("error", text="fold"),
     ]
     rows: list[list[Cell]] = [
         [
@@ -285,11 +293,18 @@ def results_table(run: Run, width: int) -> Table:
             str(r.get("upserted", 0)),
             str(r.get("unchanged", 0)),
             str(r.get("tombstoned", 0)),
-            error_text(r.get("error")),
         ]
         for name, r in sorted(run.results.items())
     ]
     return fitted_table(columns, rows, width, title="tables")
+
+
+def table_errors(run: Run) -> list[tuple[str, Cell]]:
+    return [
+        (f"{name} error", error_text(r["error"]))
+        for name, r in sorted(run.results.items())
+        if r.get("error")
+    ]
 
 
 @runs_app.command("list")
@@ -325,7 +340,8 @@ def runs_list(
 
 def attempts_table(attempts: list[Attempt], width: int) -> Table:
     """Every claim of a run in order, numbered 1, 2, 3... (a handed-back or lost claim has a
-    row of its own), each with the counts of that attempt alone."""
+    row of its own), each with the counts of that attempt alone; their errors are
+    ``attempt_errors``, printed below."""
     columns = [
         Col("#", key=True, justify="right"),
         Col("outcome", key=True),
@@ -335,7 +351,6 @@ def attempts_table(attempts: list[Attempt], width: int) -> Table:
         Col("upserted", keep=2, justify="right"),
         Col("unchanged", keep=0, justify="right"),
         Col("tombstoned", keep=1, justify="right"),
-        Col("error", text="fold"),
     ]
     rows: list[list[Cell]] = []
     for number, a in enumerate(attempts, start=1):
@@ -351,10 +366,17 @@ def attempts_table(attempts: list[Attempt], width: int) -> Table:
                 str(c["upserted"]),
                 str(c["unchanged"]),
                 str(c["tombstoned"]),
-                error_text(a.error, status=a.outcome),
             ]
         )
     return fitted_table(columns, rows, width, title="attempts")
+
+
+def attempt_errors(attempts: list[Attempt]) -> list[tuple[str, Cell]]:
+    return [
+        (f"attempt {number} error", error_text(a.error, status=a.outcome))
+        for number, a in enumerate(attempts, start=1)
+        if a.error
+    ]
 
 
 @runs_app.command("show")
@@ -401,9 +423,9 @@ def runs_show(run_id: int = RunArg(), as_json: bool = JsonOption) -> None:
         )
     out.print(details(rows))
     if attempts:
-        out.print(attempts_table(attempts, out.width))
+        print_with_errors(out, attempts_table(attempts, out.width), attempt_errors(attempts))
     if run.results:
-        out.print(results_table(run, out.width))
+        print_with_errors(out, results_table(run, out.width), table_errors(run))
 
 
 @runs_app.command("cancel")
