@@ -8,7 +8,8 @@ for the next client of that server connection. These connections send the engine
 
 - ``conn.transaction()`` sends them right after its ``BEGIN``;
 - a statement run outside a transaction (the pool's connections are autocommit) is wrapped in
-  one, so it too runs with them.
+  one, so it too runs with them, and so are the statements of a pipeline opened outside one
+  (they would share an implicit transaction).
 
 The cost is one round trip per transaction, and three for a statement alone (``BEGIN``, the
 settings, ``COMMIT``); docs/operations.md measures it. Statements that cannot run inside a
@@ -22,9 +23,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from psycopg import Copy, Transaction
+from psycopg import Copy, Pipeline, Transaction
 from psycopg.abc import Params, Query
-from psycopg.pq import TransactionStatus
+from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.rows import DictRow
 
 from sync.queries import NamedQueries
@@ -116,6 +117,20 @@ class PoolerConnection(psycopg.Connection[DictRow]):
                     _POOLER.bind_transaction_settings, self.transaction_settings
                 )
             yield tx
+
+    @contextmanager
+    def pipeline(self) -> Iterator[Pipeline]:
+        # Statements pipelined in autocommit share one implicit transaction, which ends at the
+        # pipeline's sync: here they share an explicit one, which carries the settings.
+        if self.info.pipeline_status != PipelineStatus.OFF or not self._idle():
+            with super().pipeline() as pipeline:
+                yield pipeline
+            return
+        with super().pipeline() as pipeline, self.transaction():
+            yield pipeline
+
+    def _idle(self) -> bool:
+        return self.info.transaction_status == TransactionStatus.IDLE
 
 
 def bind(conn: psycopg.Connection[Any], settings: Mapping[str, str]) -> None:

@@ -58,9 +58,16 @@ def test_every_transaction_carries_the_settings_and_leaves_none_on_the_server(
         alone = conn.execute(SETTINGS).fetchone()
         with conn.transaction():
             inside = conn.execute(SETTINGS).fetchone()
+        # Two statements pipelined outside a transaction share one, which carries the settings
+        # (the engine pipelines a run's finish with its attempt's counts).
+        with conn.pipeline():
+            first = conn.execute("SELECT txid_current() AS tx, %s::text AS n", ("a",))
+            second = conn.execute(SETTINGS + ", txid_current() AS tx")
+        piped = second.fetchone()
+        assert piped is not None and first.fetchone()["tx"] == piped["tx"]
         assert alone is not None and inside is not None
         expected = {"search_path": schema, "statement_timeout": "7s", "lock_timeout": "3s"}
-        for row in (alone, inside):
+        for row in (alone, inside, piped):
             assert {k: row[k] for k in expected} == expected
             assert (row["jit"], row["idle"]) == ("off", "5min")
         # The named queries find their tables, alone and inside a transaction.
