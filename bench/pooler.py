@@ -112,6 +112,16 @@ def start_fleet(url: str, direct: str, count: int, setup: str) -> list[subproces
         spawn([python(), "-m", "bench.worker", "--url", url, "--mode", "serve"], env=env)
         for _ in range(count)
     ]
+    try:
+        wait_ready(procs, direct, setup)
+    except BaseException:
+        stop_fleet(procs)
+        raise
+    return procs
+
+
+def wait_ready(procs: list[subprocess.Popen[str]], direct: str, setup: str) -> None:
+    count = len(procs)
     for proc in procs:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -128,7 +138,7 @@ def start_fleet(url: str, direct: str, count: int, setup: str) -> list[subproces
                 "   AND application_name LIKE '%%/listen' AND state = 'idle')"
             ).fetchone()
             if row is not None and row[0] >= count and row[1] >= listens:
-                return procs
+                return
             time.sleep(0.1)
     raise RuntimeError("the workers did not all register (and LISTEN)")
 
