@@ -1,11 +1,20 @@
 """Connections to Postgres: a pool for the engine's statements, dedicated connections for
-LISTEN, all with ``search_path`` set to the configured schema so the named queries need no
-schema prefix."""
+LISTEN and the lease keeper, all with ``search_path`` set to the configured schema so the named
+queries need no schema prefix.
+
+Connected directly, the engine's settings (``search_path``, the timeouts) are session settings,
+sent once as the ``options`` startup parameter. Behind a transaction pooler
+(``CONNECTOR_SYNC_POOLER=transaction``) there is no session to keep them: the connections are
+:class:`~sync.transaction_pooler.PoolerConnection`, which send them in every transaction, and
+prepare no statement on the server (a prepared statement lives on one server connection, and
+the pooler hands out another).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -16,6 +25,7 @@ from sync import redact
 from sync.database_url import check, describe, scrub, secrets_in
 from sync.errors import DatabaseUnavailable
 from sync.settings import Settings
+from sync.transaction_pooler import PoolerConnection, PoolerCursor, bind
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +57,11 @@ KEEPALIVES = {
 }
 
 
-def connection_kwargs(settings: Settings, purpose: str = "") -> dict[str, Any]:
+def session_settings(settings: Settings) -> dict[str, str]:
+    """What every statement of the engine runs with, by Postgres setting name."""
     # A stuck statement or lock fails after a bound instead of freezing a worker.
     idle_in_transaction = int(settings.idle_in_transaction_timeout * 1000)
-    session = {
+    return {
         "statement_timeout": f"{int(settings.statement_timeout * 1000)}ms",
         "lock_timeout": f"{int(settings.lock_timeout * 1000)}ms",
         "idle_in_transaction_session_timeout": f"{idle_in_transaction}ms",
@@ -58,22 +69,39 @@ def connection_kwargs(settings: Settings, purpose: str = "") -> dict[str, Any]:
         "jit": "off",
         "search_path": settings.schema_name,
     }
-    options = " ".join(f"-c {k}={v}" for k, v in session.items())
+
+
+def behind_pooler(settings: Settings) -> bool:
+    """True when a transaction pooler stands between the engine and Postgres."""
+    return settings.pooler == "transaction"
+
+
+def connection_kwargs(settings: Settings, purpose: str = "") -> dict[str, Any]:
     # Operators find our sessions in pg_stat_activity by this name.
     app = f"connector-sync/{settings.schema_name}" + (f"/{purpose}" if purpose else "")
-    return {"options": options, "application_name": app, **KEEPALIVES}
+    common = {"application_name": app, "connect_timeout": settings.connect_timeout, **KEEPALIVES}
+    if behind_pooler(settings):
+        # No startup options (PgBouncer refuses them) and no server-side prepared statements.
+        return {"prepare_threshold": None, "cursor_factory": PoolerCursor, **common}
+    options = " ".join(f"-c {k}={v}" for k, v in session_settings(settings).items())
+    return {"options": options, **common}
+
+
+def connection_class(settings: Settings) -> type[Connection]:
+    return PoolerConnection if behind_pooler(settings) else Connection
+
+
+def _configure(settings: Settings) -> Callable[[Connection], None]:
+    values = session_settings(settings)
+    return lambda conn: bind(conn, values)
 
 
 def connect(settings: Settings, url: str, *, purpose: str = "") -> Connection:
-    """One autocommit connection outside the pool (the LISTEN connection)."""
+    """One autocommit connection outside the pool (the lease keeper's, a reachability check)."""
     _check(url)
     try:
-        return psycopg.connect(
-            url,
-            autocommit=True,
-            row_factory=dict_row,
-            connect_timeout=settings.connect_timeout,
-            **connection_kwargs(settings, purpose),
+        conn = connection_class(settings).connect(
+            url, autocommit=True, row_factory=dict_row, **connection_kwargs(settings, purpose)
         )
     except psycopg.OperationalError as exc:
         raise DatabaseUnavailable(
@@ -84,6 +112,38 @@ def connect(settings: Settings, url: str, *, purpose: str = "") -> Connection:
         raise DatabaseUnavailable(
             f"DATABASE_URL is not a valid Postgres URL ({scrub(first_line(exc), url)})"
         ) from None
+    _configure(settings)(conn)
+    return conn
+
+
+def listen_url(settings: Settings, url: str) -> str | None:
+    """Where the worker's LISTEN connection goes: ``listen_url`` if set, else ``url``; None
+    behind a transaction pooler without one (LISTEN needs a session: the worker polls)."""
+    if settings.listen_url:
+        return settings.listen_url
+    return None if behind_pooler(settings) else url
+
+
+def connect_listener(settings: Settings, url: str) -> Connection:
+    """The LISTEN connection: a session of its own on ``url`` (Postgres itself, or a pooler in
+    session mode), with no startup options, since it runs only schema-qualified statements."""
+    _check(url)
+    try:
+        params: dict[str, Any] = {
+            "application_name": f"connector-sync/{settings.schema_name}/listen",
+            "connect_timeout": settings.connect_timeout,
+            **KEEPALIVES,
+        }
+        return psycopg.connect(url, autocommit=True, row_factory=dict_row, **params)
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to {describe(url)} to LISTEN: {scrub(first_line(exc), url)}; "
+            "check CONNECTOR_SYNC_LISTEN_URL (or DATABASE_URL) and that Postgres is running"
+        ) from None
+    except psycopg.ProgrammingError as exc:
+        raise DatabaseUnavailable(
+            f"the LISTEN URL is not a valid Postgres URL ({scrub(first_line(exc), url)})"
+        ) from None
 
 
 def open_pool(settings: Settings, url: str, *, size: int | None = None) -> Pool:
@@ -92,15 +152,11 @@ def open_pool(settings: Settings, url: str, *, size: int | None = None) -> Pool:
     size = size or settings.pool_size
     pool: Pool = ConnectionPool(
         url,
-        connection_class=Connection,
+        connection_class=connection_class(settings),
         min_size=1,
         max_size=size,
-        kwargs={
-            "autocommit": True,
-            "row_factory": dict_row,
-            "connect_timeout": settings.connect_timeout,
-            **connection_kwargs(settings),
-        },
+        kwargs={"autocommit": True, "row_factory": dict_row, **connection_kwargs(settings)},
+        configure=_configure(settings),
         check=_check_if_idle,
         open=False,
         name="connector-sync",

@@ -1,6 +1,11 @@
 """Schema migrations: numbered ``sql/NNNN_name.sql`` files applied in order, each in its own
 transaction, recorded with a checksum in ``schema_migrations``, serialized between processes by
-an advisory lock. Also the schema check the worker runs at start, and ``grant``."""
+an advisory lock. Also the schema check the worker runs at start, and ``grant``.
+
+The lock is a transaction-level one (``pg_advisory_xact_lock``), taken again in each migration's
+transaction, never held by a session: Postgres releases it with the transaction, so ``migrate``
+works the same through a transaction pooler, which may run each transaction on another server
+connection, and a ``migrate`` that dies leaves no lock behind."""
 
 from __future__ import annotations
 
@@ -91,8 +96,8 @@ def _verify_checksums(applied: dict[int, dict[str, Any]], migrations: list[Migra
 
 def migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
     """Apply the pending migrations; returns those applied now. Safe to run from many
-    processes at once: the advisory lock lets one work while the others wait, then find
-    nothing left to do."""
+    processes at once: each migration's transaction takes the advisory lock, so one applies
+    it while the others wait, then find it applied and skip it."""
     if not conn.autocommit:
         raise ValueError("migrate() needs an autocommit connection")
     try:
@@ -104,37 +109,52 @@ def migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
         ) from None
 
 
+def _lock(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Serialize the migrations of ``schema`` until this transaction ends."""
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_lock_key(schema),))
+
+
 def _migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
     ident = sql.Identifier(schema)
     migrations = shipped()
-    conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (_lock_key(schema),))
-    try:
-        with conn.transaction():
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
-            conn.execute(sql.SQL(cast(LiteralString, _BOOTSTRAP)).format(schema=ident))
+    with conn.transaction():
+        _lock(conn, schema)
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
+        conn.execute(sql.SQL(cast(LiteralString, _BOOTSTRAP)).format(schema=ident))
         applied = _applied(conn, schema) or {}
-        _verify_checksums(applied, migrations)
-        done = []
-        for m in migrations:
-            if m.version in applied:
+    _verify_checksums(applied, migrations)
+    done = []
+    for m in migrations:
+        if m.version in applied:
+            continue
+        with conn.transaction():
+            _lock(conn, schema)
+            # Another process may have applied it since `applied` was read.
+            if _is_applied(conn, schema, m.version):
                 continue
-            with conn.transaction():
-                conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(ident))
-                try:
-                    conn.execute(cast(LiteralString, m.text))
-                except psycopg.Error as exc:
-                    raise MigrationError(f"migration {m.filename} failed: {exc}") from exc
-                conn.execute(
-                    sql.SQL(
-                        "INSERT INTO {}.schema_migrations (version, name, checksum) "
-                        "VALUES (%s, %s, %s)"
-                    ).format(ident),
-                    (m.version, m.name, m.checksum),
-                )
-            done.append(m)
-        return done
-    finally:
-        conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (_lock_key(schema),))
+            conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(ident))
+            try:
+                conn.execute(cast(LiteralString, m.text))
+            except psycopg.Error as exc:
+                raise MigrationError(f"migration {m.filename} failed: {exc}") from exc
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {}.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)"
+                ).format(ident),
+                (m.version, m.name, m.checksum),
+            )
+        done.append(m)
+    return done
+
+
+def _is_applied(conn: psycopg.Connection[Any], schema: str, version: int) -> bool:
+    row = conn.execute(
+        sql.SQL("SELECT 1 FROM {}.schema_migrations WHERE version = %s").format(
+            sql.Identifier(schema)
+        ),
+        (version,),
+    ).fetchone()
+    return row is not None
 
 
 def check_schema(conn: psycopg.Connection[Any], schema: str) -> None:

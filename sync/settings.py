@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Literal
 
 import platformdirs
 from pydantic import AliasChoices, Field, SecretStr, field_validator
@@ -117,6 +118,18 @@ class Settings(BaseSettings):
         description="Seconds a session may sit idle inside a transaction before Postgres ends it.",
     )
     connect_timeout: int = Field(default=10, ge=1, description="Seconds to open a connection.")
+    pooler: Literal["none", "transaction"] = Field(
+        default="none",
+        description="`transaction` when a transaction pooler (PgBouncer in transaction mode) "
+        "stands between the engine and Postgres: the engine then sends its settings in every "
+        "transaction instead of once per connection, prepares no statement on the server, and "
+        "listens only on `listen_url`.",
+    )
+    listen_url: str | None = Field(
+        default=None,
+        description="A direct connection to Postgres for the worker's LISTEN (wake-ups). Unset: "
+        "DATABASE_URL, or behind a transaction pooler none, and workers find work by polling.",
+    )
     max_inline_wait: float = Field(
         default=30.0, ge=0, description="Longest Retry-After slept inside a run; longer requeues."
     )

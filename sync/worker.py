@@ -33,7 +33,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import PoolTimeout
 
 import connectors
-from sync.db import Pool, connect, first_line
+from sync.db import Pool, connect_listener, first_line, listen_url
 from sync.errors import Conflict
 from sync.executor import ClaimedRun, Executor
 from sync.ingestions.stage import IngestionStage
@@ -115,9 +115,14 @@ class Listener:
         delay = 0.5
         while not self._stopping.is_set():
             try:
-                with connect(self._settings, self._url, purpose="listen") as conn:
+                with connect_listener(self._settings, self._url) as conn:
                     self._conn = conn
-                    channel = conn.execute("SELECT notify_channel() AS c").fetchone()
+                    # Schema-qualified: this session has no search_path of the engine's.
+                    channel = conn.execute(
+                        psycopg.sql.SQL("SELECT {}.notify_channel() AS c").format(
+                            psycopg.sql.Identifier(self._settings.schema_name)
+                        )
+                    ).fetchone()
                     assert channel is not None
                     conn.execute(
                         psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel["c"]))
@@ -211,9 +216,7 @@ class Worker:
         # The application queues' lanes, if CONNECTOR_SYNC_LANES gives this process any.
         self._lanes = Lanes.from_settings(queues, self._keeper, settings) if queues else None
         on_job = self._lanes.wake if self._lanes is not None else None
-        self._listener = (
-            Listener(settings, url, self._wake, on_job, worker_id=self.id) if listen else None
-        )
+        self._listener = self._make_listener(url, on_job) if listen else None
         self._executor = Executor(
             pool, settings, secrets, self._keeper, self.id, providers=self.providers
         )
@@ -240,6 +243,21 @@ class Worker:
             ("sweep", _inline(self.sweeper)),
             ("clean", _inline(self.cleaner)),
         ]
+
+    def _make_listener(
+        self, url: str, on_job: Callable[[str | None], object] | None
+    ) -> Listener | None:
+        """The LISTEN connection, on ``listen_url`` if set; none behind a transaction pooler
+        without it, where a LISTEN would be lost with its server connection."""
+        target = listen_url(self.settings, url)
+        if target is None:
+            log.info(
+                "behind a transaction pooler without CONNECTOR_SYNC_LISTEN_URL: no LISTEN, "
+                "the worker polls for work every %.1f s",
+                self.settings.poll_interval,
+            )
+            return None
+        return Listener(self.settings, target, self._wake, on_job, worker_id=self.id)
 
     # -- the loop --------------------------------------------------------------------------
 

@@ -6,9 +6,13 @@ browser, the linters) or stress many at once are marked ``slow``; ``pytest -m "n
 the quick tier, and a test outside it that starts a process fails, saying to mark it.
 
 ``pytest --pgbouncer`` runs the suite through a private PgBouncer in transaction pooling mode
-(tests/pgbouncer.py): DATABASE_URL, for the tests and every process they start, then points at
-PgBouncer, while the fixtures that create, migrate and drop a test's schema and the ``admin``
-connection reach Postgres directly (DIRECT_URL), as an operator's ``migrate`` would.
+(tests/pgbouncer.py), configured the way docs/operations.md tells an operator to run a fleet
+behind one: DATABASE_URL, for the tests and every process they start, points at PgBouncer,
+``CONNECTOR_SYNC_POOLER=transaction``, and ``CONNECTOR_SYNC_LISTEN_URL`` is Postgres itself
+(DIRECT_URL), for the workers' LISTEN. Schemas are migrated through PgBouncer too; only the
+fixtures that drop a test's schema and the ``admin`` connection tests inspect state with reach
+Postgres directly. A test about a direct connection (cutting backends) is skipped there with its
+reason (``direct_only``).
 """
 
 from __future__ import annotations
@@ -45,19 +49,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the tests through a private PgBouncer in transaction pooling mode "
         "(Debian's pgbouncer); its log is left in test-artifacts/pgbouncer.log",
     )
-    group.addoption(
-        "--pgbouncer-ignore",
-        default="",
-        metavar="PARAMS",
-        help="with --pgbouncer: startup parameters PgBouncer should drop instead of refusing "
-        "the connection (its ignore_startup_parameters), e.g. options",
-    )
-    group.addoption(
-        "--pgbouncer-pin-search-path",
-        action="store_true",
-        help="with --pgbouncer: each test's schema gets a PgBouncer database of its own that sets "
-        "search_path on its server connections, to see what breaks once the schema is found",
-    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -67,30 +58,28 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from tests.pgbouncer import PgBouncer
 
-    ignore = tuple(p for p in config.getoption("pgbouncer_ignore").split(",") if p)
-    bouncer = PgBouncer(DATABASE_URL, ignore_startup_parameters=ignore).start()
+    bouncer = PgBouncer(DATABASE_URL).start()
     config.add_cleanup(lambda: bouncer.stop(keep_log=PGBOUNCER_LOG))
     DIRECT_URL, DATABASE_URL = DATABASE_URL, bouncer.url
     os.environ["CONNECTOR_SYNC_TEST_DIRECT_URL"] = DIRECT_URL
     os.environ["DATABASE_URL"] = DATABASE_URL
-    if config.getoption("pgbouncer_pin_search_path"):
-        os.environ["CONNECTOR_SYNC_TEST_PGBOUNCER_CONFIG"] = str(bouncer.config)
+    os.environ["CONNECTOR_SYNC_POOLER"] = "transaction"
+    os.environ["CONNECTOR_SYNC_LISTEN_URL"] = DIRECT_URL
 
 
-def database_url(schema: str) -> str:
-    """The URL a test's engine uses: DATABASE_URL, or with --pgbouncer-pin-search-path the
-    PgBouncer database pinned to the test's schema."""
-    pinned = os.environ.get("CONNECTOR_SYNC_TEST_PGBOUNCER_CONFIG")
-    if not pinned:
-        return DATABASE_URL
-    from tests.pgbouncer import pin_search_path
+def behind_pgbouncer() -> bool:
+    """True under ``--pgbouncer`` (in the controller and in every xdist worker)."""
+    return "CONNECTOR_SYNC_TEST_DIRECT_URL" in os.environ and DIRECT_URL != DATABASE_URL
 
-    return pin_search_path(Path(pinned), DATABASE_URL, schema)
+
+def direct_only(reason: str) -> pytest.MarkDecorator:
+    """Skips a test under ``--pgbouncer``: it is about a direct connection to Postgres."""
+    return pytest.mark.skipif(behind_pgbouncer(), reason=f"behind PgBouncer: {reason}")
 
 
 def make_settings(schema: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
-        "database_url": database_url(schema),
+        "database_url": DATABASE_URL,
         "schema_name": schema,
         "backoff_seconds": (5.0, 30.0, 120.0),
     }
@@ -130,12 +119,8 @@ def settings(schema: str) -> Settings:
 
 @pytest.fixture
 def engine(settings: Settings) -> Iterator[Engine]:
-    if DIRECT_URL != DATABASE_URL:
-        with Engine(settings, database_url=DIRECT_URL, pool_size=1) as direct:
-            direct.migrate()
     with Engine(settings, pool_size=10) as eng:
-        if DIRECT_URL == DATABASE_URL:
-            eng.migrate()
+        eng.migrate()
         yield eng
 
 

@@ -18,7 +18,7 @@ from psycopg import conninfo, sql
 
 from sync.documents import VectorStorage
 from sync.migrations import migrate
-from tests.conftest import DATABASE_URL
+from tests.conftest import DIRECT_URL
 
 SETUPS = ("postgres-real[]", "pgvector", "pgvector-in-public", "no-create-extension")
 
@@ -64,13 +64,13 @@ def chunk_database(setup: str, server: Any) -> Iterator[ChunkDatabase]:
         try:
             yield ChunkDatabase(
                 setup,
-                DATABASE_URL,
+                DIRECT_URL,
                 schema,
                 VectorStorage.ARRAY,
-                _with_workspaces(DATABASE_URL, schema),
+                _with_workspaces(DIRECT_URL, schema),
             )
         finally:
-            with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
+            with psycopg.connect(DIRECT_URL, autocommit=True) as conn:
                 conn.execute(
                     sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema))
                 )

@@ -15,7 +15,6 @@ not track (``options`` among them) unless ``ignore_startup_parameters`` names th
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import signal
@@ -211,36 +210,3 @@ class PgBouncer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def pin_search_path(config: Path, url: str, schema: str) -> str:
-    """Give ``schema`` a PgBouncer database of its own, named after it, whose server connections
-    are opened with ``SET search_path`` to it (``connect_query``), and return its URL (``url``,
-    PgBouncer's, with that database name). This is how an operator can pin one installation's
-    schema behind PgBouncer without session state: no server connection serves two such
-    databases.
-
-    Any process may call it (xdist workers do): the file is rewritten under a lock and the
-    running PgBouncer reloads it."""
-    if not schema.replace("_", "").isalnum():
-        raise PgBouncerError(f"not a plain schema name: {schema!r}")
-    database = conninfo.conninfo_to_dict(url).get("dbname")
-    with config.open("r+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        lines = handle.read().splitlines()
-        if not any(line.startswith(f"{schema} = ") for line in lines):
-            star = next(i for i, line in enumerate(lines) if line.startswith("* = "))
-            upstream = lines[star].removeprefix("* = ")
-            lines.insert(
-                star,
-                f"{schema} = {upstream} dbname={database} "
-                f"connect_query='SET search_path = {schema}'",
-            )
-            handle.seek(0)
-            handle.truncate()
-            handle.write("\n".join(lines) + "\n")
-            handle.flush()
-            admin = conninfo.make_conninfo(url, dbname="pgbouncer")
-            with psycopg.connect(admin, autocommit=True) as console:
-                console.execute("RELOAD")
-    return conninfo.make_conninfo(url, dbname=schema)

@@ -24,8 +24,9 @@ CREATE TABLE IF NOT EXISTS probe_runs (
 
 
 def _record(job: Job, what: str) -> None:
-    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
-        conn.execute(f"SET search_path TO {os.environ['CONNECTOR_SYNC_SCHEMA']}")
+    # One transaction, its search_path local to it: DATABASE_URL may be a transaction pooler.
+    with psycopg.connect(os.environ["DATABASE_URL"]) as conn:
+        conn.execute(f"SET LOCAL search_path TO {os.environ['CONNECTOR_SYNC_SCHEMA']}")
         conn.execute(PROBE_TABLE)
         conn.execute(
             "INSERT INTO probe_runs (job_id, attempt, what, pid) VALUES (%s, %s, %s, %s)",

@@ -11,7 +11,7 @@ import pytest
 
 import sync.db
 from sync import Engine
-from tests.conftest import DATABASE_URL, make_settings
+from tests.conftest import DIRECT_URL, direct_only, make_settings
 from tests.test_sync_flow import items, live, new_dataset, sync_once
 
 
@@ -27,7 +27,7 @@ def test_a_lock_timeout_is_retried_in_place_not_failed(schema: str, admin: Any) 
 
         # Another session holds row 1 locked for a while; the writer's upsert times out on
         # the lock, waits, and repeats the statement until the lock is gone.
-        with psycopg.connect(DATABASE_URL, options=f"-c search_path={schema}") as blocker:
+        with psycopg.connect(DIRECT_URL, options=f"-c search_path={schema}") as blocker:
             blocker.execute("SELECT 1 FROM records WHERE external_id = '1' FOR UPDATE")
             threading.Timer(0.6, blocker.rollback).start()
             run = sync_once(engine, conn.id)
@@ -35,6 +35,10 @@ def test_a_lock_timeout_is_retried_in_place_not_failed(schema: str, admin: Any) 
         assert {r["version"] for r in live(admin, conn.id).values()} == {"v2"}
 
 
+@direct_only(
+    "PgBouncer replaces a server connection cut while idle, so the worker never meets a dead "
+    "one; a fleet behind it sees the database go away only when PgBouncer cannot reconnect"
+)
 def test_the_worker_backs_off_while_the_database_is_away_and_carries_on(
     engine: Engine, admin: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from tests.conftest import DIRECT_URL
-from tests.pgbouncer import PgBouncer, PgBouncerError, binary, pin_search_path
+from tests.pgbouncer import PgBouncer, PgBouncerError, binary
 
 pytestmark = pytest.mark.skipif(
     binary() is None, reason="pgbouncer is not installed (apt-get install pgbouncer; .ci/run)"
@@ -53,22 +53,3 @@ def test_it_refuses_startup_parameters_it_cannot_track(bouncer: PgBouncer) -> No
 def test_it_fronts_only_a_local_postgres() -> None:
     with pytest.raises(PgBouncerError, match="local Postgres only"):
         PgBouncer("postgresql://postgres@db.example.com:5432/test")
-
-
-def test_a_pinned_schema_is_the_search_path_of_every_server_connection(
-    bouncer: PgBouncer, schema: str
-) -> None:
-    url = pin_search_path(bouncer.config, bouncer.url, schema)
-    assert pin_search_path(bouncer.config, bouncer.url, schema) == url  # once is enough
-    with (
-        psycopg.connect(url, autocommit=True) as a,
-        psycopg.connect(url, autocommit=True) as b,
-        a.transaction(),
-    ):
-        # Two server connections (A holds one in a transaction), both opened on the schema.
-        paths = {c.execute("SELECT current_setting('search_path')").fetchone() for c in (a, b)}
-        pids = {c.execute("SELECT pg_backend_pid()").fetchone() for c in (a, b)}
-    assert paths == {(schema,)}
-    assert len(pids) == 2
-    with psycopg.connect(bouncer.url, autocommit=True) as plain:
-        assert plain.execute("SELECT current_setting('search_path')").fetchone() != (schema,)

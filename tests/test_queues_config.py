@@ -20,7 +20,7 @@ from sync.queues import ManualClock, QueuePolicy, parse_lanes, queue_spec, read_
 from sync.queues.lanes import served_queues
 from sync.queues.payloads import json_payload
 from sync.queues.registry import HandlerRegistry
-from tests.conftest import DATABASE_URL
+from tests.conftest import DIRECT_URL
 
 
 def one_line(exc: pytest.ExceptionInfo[BaseException]) -> str:
@@ -225,7 +225,7 @@ def same_json(a: Any, b: Any) -> bool:
 
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
+    with psycopg.connect(DIRECT_URL, autocommit=True) as conn:
         yield conn
 
 

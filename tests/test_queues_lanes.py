@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from sync import Engine
-from sync.db import connect
+from sync.db import connect, listen_url
 from sync.errors import InvalidInput
 from sync.job_lanes import Lanes
 from sync.lease import LeaseKeeper
@@ -264,7 +264,7 @@ def test_a_job_sent_wakes_the_lanes_of_its_queue_only(engine: Engine) -> None:
     engine.queues.declare_queue(queue_spec("docs.b"))
     woken: queue.Queue[str | None] = queue.Queue()
     runs_wake = threading.Event()
-    url = engine.settings.database_url
+    url = listen_url(engine.settings, engine.url)  # Postgres itself, also behind PgBouncer
     assert url is not None
     listener = Listener(engine.settings, url, runs_wake, on_job=woken.put)
     listener.start()

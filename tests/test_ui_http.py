@@ -19,7 +19,7 @@ from sync import Engine
 from sync.db import describe
 from sync.testing import run_sync
 from sync.ui.app import UiOptions, create_app
-from tests.conftest import DATABASE_URL, make_settings
+from tests.conftest import DATABASE_URL, DIRECT_URL, make_settings
 from tests.test_sync_flow import items, new_dataset
 from tests.ui_support import csrf_token, serving
 
@@ -233,7 +233,7 @@ def test_a_database_that_does_not_answer_gives_a_clear_page_and_metrics_say_so(
         engine.migrate()
         engine.create_workspace("acme")
         with serving(engine) as url, httpx.Client(base_url=url) as client:
-            with psycopg.connect(DATABASE_URL, options=f"-c search_path={schema}") as blocker:
+            with psycopg.connect(DIRECT_URL, options=f"-c search_path={schema}") as blocker:
                 blocker.execute("LOCK TABLE connection_runs IN ACCESS EXCLUSIVE MODE")
                 page = client.get("/runs", headers=HTML)
                 assert page.status_code == 503

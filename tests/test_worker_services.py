@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from sync import Engine
+from sync.db import listen_url
 from sync.services import FleetTask, ScheduleEnqueuer, Service
 from sync.worker import Listener
 from tests.conftest import make_settings
@@ -24,7 +25,10 @@ def test_listen_wakes_the_worker_and_resubscribes_after_a_drop(engine: Engine, a
     ws = engine.create_workspace("acme")
     conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
     wake = threading.Event()
-    listener = Listener(engine.settings, engine.url, wake)
+    # Postgres itself, also behind PgBouncer (CONNECTOR_SYNC_LISTEN_URL).
+    url = listen_url(engine.settings, engine.url)
+    assert url is not None
+    listener = Listener(engine.settings, url, wake)
     listener.start()
     try:
         assert listener.connected.wait(10)
