@@ -23,10 +23,10 @@ from pydantic import ValidationError
 import connectors
 from connectors.base import Connector
 from sync import redact
+from sync.budgets import budget_key_of
 from sync.db import Pool, describe, open_pool
 from sync.embedded import data_dir, embedded_url
 from sync.errors import Conflict, InvalidInput, NotFound, describe_validation_error
-from sync.executor import budget_key_of
 from sync.ingestions.api import IngestionsApi
 from sync.job_lanes import install_handlers
 from sync.migrations import Migration, check_schema, grant, migrate

@@ -21,8 +21,10 @@ import connectors
 from connectors import Connector, HttpClient, OAuth2, RetryableError, Table, register
 from sync import Engine
 from sync.abort import AbortSignal
+from sync.budgets import BudgetView
 from sync.errors import LeaseLost
-from sync.executor import BudgetView, ClaimedRun, RunContext
+from sync.runs.context import RunContext
+from sync.store import ClaimedRun, RunStore
 from sync.testing import run_sync
 from tests.conftest import make_settings
 from tests.test_fencing import claim
@@ -205,7 +207,7 @@ def context_for(engine: Engine, claimed: dict[str, Any]) -> RunContext:
         cursors={},
         abort=AbortSignal(),
         budget=BudgetView(),
-        pool=engine.pool,
+        store=RunStore(engine.pool),
         secrets=engine.secrets,
         settings=engine.settings,
         logger=logging.LoggerAdapter(logging.getLogger("test"), {}),
