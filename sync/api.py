@@ -44,6 +44,7 @@ from sync.queues.postgres import PostgresQueues
 from sync.secrets import SecretBox
 from sync.services.cleaner import PruneReport, RetentionRules, prune
 from sync.settings import Settings
+from sync.store import RunStore
 from sync.worker import Worker
 
 log = logging.getLogger("sync")
@@ -65,6 +66,8 @@ class Engine(IngestionsApi):
         self.database = describe_database(self.settings, database_url)
         self.url = database_url or self.settings.database_url or embedded_url(self.settings.home)
         self.pool: Pool = open_pool(self.settings, self.url, size=pool_size)
+        # The typed statements of the runs path (sync.store), on the same pool.
+        self.store = RunStore(self.pool)
         self._secrets: SecretBox | None = None
         self._workspace_id: int | None = None
         self._queues: PostgresQueues | None = None
@@ -164,16 +167,11 @@ class Engine(IngestionsApi):
                 QUERIES.connections_of_workspace, {"workspace_id": current.id}
             ).fetchall()
             for row in ids:
-                purge = conn.execute(
-                    QUERIES.delete_connection,
-                    {
-                        "connection_id": row["id"],
-                        "workspace_id": current.id,
-                        "max_attempts": self.settings.max_attempts,
-                    },
-                ).fetchone()
+                purge = self.store.delete_connection(
+                    row["id"], current.id, self.settings.max_attempts, conn=conn
+                )
                 if purge is not None:
-                    purges.append(Run.from_row(purge))
+                    purges.append(purge)
         return purges
 
     # -- connections -----------------------------------------------------------------------
@@ -360,66 +358,54 @@ class Engine(IngestionsApi):
     def delete_connection(self, connection_id: int) -> Run:
         """Mark the connection deleting and queue its purge (behind a sync still running).
         Returns the purge run; the connection row disappears when it succeeds."""
-        row = self._maybe(
-            QUERIES.delete_connection,
-            connection_id=connection_id,
-            workspace_id=self._workspace_id,
-            max_attempts=self.settings.max_attempts,
+        purge = self.store.delete_connection(
+            connection_id, self._workspace_id, self.settings.max_attempts
         )
-        if row is None:
+        if purge is None:
             raise NotFound(f"no connection {connection_id}")
-        return Run.from_row(row)
+        return purge
 
     # -- runs ------------------------------------------------------------------------------
 
     def sync(self, connection_id: int, *, trigger: str = "manual") -> Run:
         """Queue a sync now, or return the one already queued or running."""
-        row = self._maybe(
-            QUERIES.enqueue_run,
-            connection_id=connection_id,
-            workspace_id=self._workspace_id,
-            trigger=trigger,
-            max_attempts=self.settings.max_attempts,
+        queued = self.store.enqueue(
+            connection_id, self._workspace_id, trigger, self.settings.max_attempts
         )
-        if row is None:
+        if queued is None:
             current = self.connection(connection_id)  # raises NotFound
             raise Conflict(
                 f"connection {connection_id} is {current.status}; only an active connection "
                 "syncs" + (" (resume it first)" if current.status == "paused" else "")
             )
-        return Run.from_row(row)
+        return queued
 
     def cancel_run(self, run_id: int) -> Run:
         """Cancel a queued run at once, or ask a running one to stop (it keeps its results)."""
-        row = self._maybe(QUERIES.cancel_run, run_id=run_id, workspace_id=self._workspace_id)
-        if row is None:
+        cancelled = self.store.cancel(run_id, self._workspace_id)
+        if cancelled is None:
             run = self.run(run_id)  # raises NotFound
             if run.kind == "purge":
                 raise Conflict(f"run {run_id} is a purge; a purge cannot be cancelled")
             raise Conflict(
                 f"run {run_id} {_state(run)}; only a queued or running run can be cancelled"
             )
-        return Run.from_row(row)
+        return cancelled
 
     def retry_run(self, run_id: int) -> Run:
         """Put a dead-lettered (failed) run back in the queue with a fresh set of attempts."""
         try:
-            row = self._maybe(
-                QUERIES.retry_run,
-                run_id=run_id,
-                workspace_id=self._workspace_id,
-                max_attempts=self.settings.max_attempts,
-            )
+            retried = self.store.retry(run_id, self._workspace_id, self.settings.max_attempts)
         except psycopg.errors.UniqueViolation:
             raise Conflict(
                 f"run {run_id}'s connection already has a queued or running run"
             ) from None
-        if row is None:
+        if retried is None:
             run = self.run(run_id)
             if run.status != "failed":
                 raise Conflict(f"run {run_id} {_state(run)}; only a failed run can be retried")
             raise Conflict(f"run {run_id}'s connection is not active, so it cannot sync")
-        return Run.from_row(row)
+        return retried
 
     def runs(
         self,
@@ -429,24 +415,21 @@ class Engine(IngestionsApi):
         workspace_id: int | None = None,
         limit: int = 50,
     ) -> list[Run]:
-        rows = self._all(
-            QUERIES.list_runs,
+        return self.store.list_runs(
             workspace_id=self._scope(workspace_id),
             connection_id=connection_id,
             status=status,
             limit=limit,
         )
-        return [Run.from_row(r) for r in rows]
 
     def run(self, run_id: int) -> Run:
-        row = self._maybe(QUERIES.get_run, run_id=run_id, workspace_id=self._workspace_id)
-        if row is None:
+        found = self.store.get_run(run_id, self._workspace_id)
+        if found is None:
             raise NotFound(f"no run {run_id}")
-        return Run.from_row(row)
+        return found
 
     def attempts(self, run_id: int) -> list[Attempt]:
-        rows = self._all(QUERIES.list_attempts, run_id=run_id, workspace_id=self._workspace_id)
-        return [Attempt.from_row(r) for r in rows]
+        return self.store.attempts(run_id, self._workspace_id)
 
     def records(
         self,

@@ -201,7 +201,7 @@ class SyncJob:
             settings=self._settings,
             logger=logger,
             checkpoints=checkpoints,
-            cache=HttpCache(self._store.pool, run.lease, run.connection_id),
+            cache=HttpCache(self._store, run.lease, run.connection_id),
         )
         try:
             return cls(context), context

@@ -24,6 +24,7 @@ from psycopg.types.json import Jsonb
 
 from sync.db import Connection, Pool
 from sync.errors import LeaseLost
+from sync.models import Attempt, Run
 from sync.queries import QUERIES
 from sync.queues.clock import Clock, SystemClock
 from sync.store.retry import DEFAULT, RetryPolicy, is_connection_lost, is_transient
@@ -65,7 +66,7 @@ class RunStore:
     ) -> None:
         self.pool = pool
         self.clock: Clock = clock or SystemClock()
-        self.retry = retry
+        self.retry_policy = retry
 
     def now(self) -> datetime:
         return self.clock.now()
@@ -75,7 +76,94 @@ class RunStore:
             with self.pool.connection() as conn:
                 return call(conn)
 
-        return self.retry.run(attempt, idempotent=idempotent)
+        return self.retry_policy.run(attempt, idempotent=idempotent)
+
+    # -- the API's: runs asked for, cancelled, retried, read ---------------------------------
+
+    def _run_or_none(
+        self, query: Any, params: dict[str, Any], conn: Connection | None
+    ) -> Run | None:
+        def call(c: Connection) -> Run | None:
+            row = c.execute(query, params).fetchone()
+            return None if row is None else Run.from_row(row)
+
+        if conn is not None:
+            return call(conn)
+        return self._on_pool(call, idempotent=False)
+
+    def enqueue(
+        self, connection_id: int, workspace_id: int | None, trigger: str, max_attempts: int
+    ) -> Run | None:
+        """Queue a sync of an active connection, or the run already queued or running for it;
+        None when the connection is not active (or not in the workspace)."""
+        params = {
+            "connection_id": connection_id,
+            "workspace_id": workspace_id,
+            "trigger": trigger,
+            "max_attempts": max_attempts,
+        }
+        return self._run_or_none(QUERIES.enqueue_run, params, None)
+
+    def cancel(self, run_id: int, workspace_id: int | None) -> Run | None:
+        """Cancel a queued sync at once, or ask a running one to stop; None: neither."""
+        params = {"run_id": run_id, "workspace_id": workspace_id}
+        return self._run_or_none(QUERIES.cancel_run, params, None)
+
+    def retry(self, run_id: int, workspace_id: int | None, max_attempts: int) -> Run | None:
+        """Put a failed run back in the queue with ``max_attempts`` more; None: refused. The
+        unique index raises ``UniqueViolation`` while its connection has another active run."""
+        params = {"run_id": run_id, "workspace_id": workspace_id, "max_attempts": max_attempts}
+        return self._run_or_none(QUERIES.retry_run, params, None)
+
+    def delete_connection(
+        self,
+        connection_id: int,
+        workspace_id: int | None,
+        max_attempts: int,
+        *,
+        conn: Connection | None = None,
+    ) -> Run | None:
+        """Mark a connection deleting and queue its purge (or return the purge pending); None:
+        no such connection. On ``conn`` when given (a workspace's delete, in one transaction)."""
+        params = {
+            "connection_id": connection_id,
+            "workspace_id": workspace_id,
+            "max_attempts": max_attempts,
+        }
+        return self._run_or_none(QUERIES.delete_connection, params, conn)
+
+    def get_run(self, run_id: int, workspace_id: int | None) -> Run | None:
+        params = {"run_id": run_id, "workspace_id": workspace_id}
+        return self._run_or_none(QUERIES.get_run, params, None)
+
+    def list_runs(
+        self,
+        *,
+        workspace_id: int | None,
+        connection_id: int | None,
+        status: str | None,
+        limit: int,
+    ) -> list[Run]:
+        """Newest first; a deleted connection's runs are found by its id too."""
+        params = {
+            "workspace_id": workspace_id,
+            "connection_id": connection_id,
+            "status": status,
+            "limit": limit,
+        }
+        return self._on_pool(
+            lambda c: [Run.from_row(r) for r in c.execute(QUERIES.list_runs, params).fetchall()],
+            idempotent=False,
+        )
+
+    def attempts(self, run_id: int, workspace_id: int | None) -> list[Attempt]:
+        params = {"run_id": run_id, "workspace_id": workspace_id}
+        return self._on_pool(
+            lambda c: [
+                Attempt.from_row(r) for r in c.execute(QUERIES.list_attempts, params).fetchall()
+            ],
+            idempotent=False,
+        )
 
     # -- the claim -------------------------------------------------------------------------
 
@@ -287,9 +375,79 @@ class RunStore:
                 row = conn.execute(QUERIES.hand_back_run, params).fetchone()
             return bool(row and row["moved"])
 
-        return self.retry.run(call, idempotent=True) if repeat else call()
+        return self.retry_policy.run(call, idempotent=True) if repeat else call()
+
+    # -- the ETag cache of conditional requests ---------------------------------------------
+
+    def cached_response(
+        self, connection_id: int, url_hash: bytes
+    ) -> tuple[str, dict[str, Any], bytes] | None:
+        """The ETag, headers and (compressed) body a connection last got from a URL."""
+        params = {"connection_id": connection_id, "url_hash": url_hash}
+        row = self._on_pool(
+            lambda c: c.execute(QUERIES.cached_response, params).fetchone(), idempotent=False
+        )
+        return None if row is None else (row["etag"], dict(row["headers"]), row["body"])
+
+    def store_response(
+        self,
+        lease: Lease,
+        connection_id: int,
+        url_hash: bytes,
+        etag: str,
+        headers: dict[str, Any],
+        body: bytes,
+    ) -> None:
+        """Keep a response that came with an ETag. Fenced: a stale worker stores nothing."""
+        params = {
+            **_fence(lease),
+            "connection_id": connection_id,
+            "url_hash": url_hash,
+            "etag": etag,
+            "headers": Jsonb(headers),
+            "body": body,
+        }
+        self._on_pool(lambda c: c.execute(QUERIES.store_response, params), idempotent=False)
+
+    # -- schedules -------------------------------------------------------------------------
+
+    def enqueue_due_schedules(self, limit: int, max_attempts: int) -> int:
+        """Queue a run for each due active connection (at most ``limit``); how many."""
+        params = {"limit": limit, "max_attempts": max_attempts}
+        row = self._on_pool(
+            lambda c: c.execute(QUERIES.enqueue_due_schedules, params).fetchone(),
+            idempotent=False,
+        )
+        return int(row["queued"]) if row else 0
 
     # -- workers ---------------------------------------------------------------------------
+
+    def heartbeat(
+        self,
+        *,
+        worker_id: str,
+        hostname: str,
+        pid: int,
+        version: str,
+        providers: list[str],
+        incarnation: UUID,
+        current_run_id: int | None,
+    ) -> bool:
+        """Say this incarnation is alive and what it runs; False: another process took the
+        worker id over."""
+        params = {
+            "worker_id": worker_id,
+            "hostname": hostname,
+            "pid": pid,
+            "version": version,
+            "providers": providers,
+            "incarnation": incarnation,
+            "current_run_id": current_run_id,
+        }
+        row = self._on_pool(
+            lambda c: c.execute(QUERIES.heartbeat, params).fetchone(), idempotent=False
+        )
+        return row is not None
 
     def get_worker(self, conn: Connection, worker_id: str) -> WorkerRow | None:
         row = conn.execute(QUERIES.get_worker, {"worker_id": worker_id}).fetchone()
