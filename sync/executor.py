@@ -10,10 +10,9 @@ totals of every attempt, each attempt's history row its own counts."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -36,28 +35,26 @@ from connectors.errors import (
     AuthError,
     ConnectorError,
     PermanentError,
-    RateLimited,
     RetryableError,
 )
 from sync import redact
-from sync.abort import AbortSignal
+from sync.abort import AbortReason, AbortSignal
+from sync.budgets import BudgetView, budget_key_of
 from sync.checkpoints import RunCheckpoints, seen_keys_intact
 from sync.connector_setup import ConnectorSetupError, connector_inputs
 from sync.db import Pool, first_line
 from sync.errors import LeaseLost
 from sync.http_cache import HttpCache
 from sync.ingestions.store import queue_file_ingestions
-from sync.lease import Control, Lease, LeaseKeeper
+from sync.lease import Lease, LeaseKeeper
 from sync.progress import RunProgress
 from sync.queries import QUERIES
 from sync.records import RecordWriter, fenced_one
 from sync.retry_policy import (
-    SETTLED,
-    AbortReason,
     Action,
+    Decider,
     Outcome,
     TableResult,
-    TableStatus,
     Waiting,
     decide,
     merged,
@@ -66,6 +63,15 @@ from sync.retry_policy import (
 from sync.secrets import SecretBox
 from sync.settings import Settings
 from sync.tombstones import TombstonePass
+from sync.vocabulary import (
+    SETTLED,
+    ConnectionStatus,
+    ErrorKind,
+    RunError,
+    RunKind,
+    RunStatus,
+    TableStatus,
+)
 
 log = logging.getLogger("sync.run")
 
@@ -112,20 +118,6 @@ class RunLog(logging.LoggerAdapter[logging.Logger]):
         kwargs["extra"] = {**context, **kwargs.get("extra", {})}
         tags = " ".join(f"{key.removesuffix('_id')}={value}" for key, value in context.items())
         return f"{msg} [{tags}]", kwargs
-
-
-class BudgetView:
-    """When the run's shared rate budget is free again; kept fresh by the lease keeper's
-    control read and by the run's own reports."""
-
-    def __init__(self) -> None:
-        self.until: datetime | None = None
-
-    def learn(self, control: Control) -> None:
-        """What a control read says of the budget: a block only ever gets longer."""
-        until = control.budget_blocked_until
-        if until is not None and (self.until is None or until > self.until):
-            self.until = until
 
 
 class RunContext:
@@ -244,8 +236,7 @@ class RunContext:
 
     def report_rate_limit(self, until: datetime, reason: str) -> None:
         key = self._run.budget_key
-        if self._budget.until is None or until > self._budget.until:
-            self._budget.until = until
+        self._budget.spent_until(until)
         if key is None:
             return
         with self._pool.connection() as conn:
@@ -262,22 +253,11 @@ class RunContext:
         return until
 
 
-def budget_key_of(
-    cls: type[Connector], provider: str, config: BaseModel, credentials: Mapping[str, Any]
-) -> str | None:
-    """The hashed rate-budget key of a connection: never the connector's raw key, which may be
-    derived from a secret."""
-    key = cls.budget_key(config, credentials)
-    if key is None:
-        return None
-    return f"{provider}:{hashlib.sha256(key.encode()).hexdigest()[:24]}"
-
-
 class _StopAttempt(Exception):
     """The attempt cannot go on (unusable config or credentials, refused credentials)."""
 
-    def __init__(self, error: dict[str, Any]) -> None:
-        super().__init__(error["message"])
+    def __init__(self, error: RunError) -> None:
+        super().__init__(error.message)
         self.error = error
 
 
@@ -322,7 +302,7 @@ class Executor:
         logger.info("%s run started (attempt %d of %d)", run.kind, run.attempts, run.max_attempts)
         outcome: Outcome | None = None
         try:
-            if run.kind == "purge":
+            if run.kind == RunKind.PURGE:
                 outcome, results, processed = self._purge(run, abort, logger)
                 attempt: dict[str, TableResult] = {}
             else:
@@ -353,10 +333,10 @@ class Executor:
         totals = dict(before)
         attempt: dict[str, TableResult] = {}
         decide_ = self._decider(run)
-        if run.connection_status != "active":
+        if run.connection_status != ConnectionStatus.ACTIVE:
             state = run.connection_status or "gone"
-            error = {"kind": "cancelled", "message": f"the connection is {state}"}
-            return Outcome(Action.FINISH, "cancelled", error=error), totals, attempt
+            error = RunError(ErrorKind.CANCELLED, f"the connection is {state}")
+            return Outcome(Action.FINISH, RunStatus.CANCELLED, error=error), totals, attempt
         # Only a run that has written before has checkpoints to resume from.
         checkpoints = RunCheckpoints()
         if run.processed_units > 0:
@@ -400,15 +380,15 @@ class Executor:
                 # Saved as each table ends, so a crash keeps them; the finish saves the last.
                 if table is not unsettled[-1] and abort.reason is not AbortReason.LEASE_LOST:
                     self._save_results(run, totals, attempt, abort)
-                kind = (result.error or {}).get("kind")
-                if kind == "auth":
+                kind = result.error.kind if result.error else None
+                if kind is ErrorKind.AUTH:
                     return decide_(totals, run_error=result.error), totals, attempt
-                if kind == "rate_limited":
+                if kind is ErrorKind.RATE_LIMITED:
                     # The provider's budget is spent for every table: end the attempt here.
                     break
         except psycopg.Error as exc:  # deciding the complete passes
             logger.warning("database error before reading: %s", first_line(exc))
-            error = {"kind": "database", "message": f"database error: {first_line(exc)}"}
+            error = RunError(ErrorKind.DATABASE, f"database error: {first_line(exc)}")
             return decide_(totals, run_error=error), totals, attempt
         finally:
             try:
@@ -478,11 +458,11 @@ class Executor:
         try:
             return cls(context), context
         except ConnectorError as exc:
-            raise _StopAttempt({"kind": exc.kind, "message": exc.message}) from None
+            raise _StopAttempt(RunError.of(exc)) from None
         except Exception as exc:
             logger.exception("connector %s failed to start", run.provider)
             raise _StopAttempt(
-                {"kind": "internal", "message": f"the connector failed to start: {_brief(exc)}"}
+                RunError(ErrorKind.INTERNAL, f"the connector failed to start: {_brief(exc)}")
             ) from None
 
     def _sync_table(
@@ -600,7 +580,7 @@ class Executor:
                 if (
                     name is None
                     or isinstance(exc, Aborted | LeaseLost)
-                    or (error or {}).get("kind") in ("rate_limited", "auth")
+                    or (error is not None and error.kind in _ENDS_ATTEMPT)
                 ):
                     return True
                 continue
@@ -687,10 +667,10 @@ class Executor:
         logger: logging.LoggerAdapter[logging.Logger],
         table: Table,
         partition: str | None = None,
-    ) -> tuple[TableStatus, dict[str, Any] | None]:
+    ) -> tuple[TableStatus, RunError | None]:
         """What an exception that ended a table (or one of its partitions) means for it."""
         status: TableStatus
-        error: dict[str, Any] | None
+        error: RunError | None
         if isinstance(exc, Aborted | LeaseLost):
             if isinstance(exc, LeaseLost):
                 logger.warning("lease lost while writing table %s: stopping", table.name)
@@ -700,31 +680,27 @@ class Executor:
                 AbortReason.TIMEOUT: TableStatus.RETRY,
             }.get(abort.reason or AbortReason.LEASE_LOST, TableStatus.PENDING)
             error = None
-        elif isinstance(exc, RateLimited):
-            status = TableStatus.RETRY
-            error = {"kind": exc.kind, "message": exc.message, "retry_after": exc.retry_after}
-        elif isinstance(exc, RetryableError):
-            status, error = TableStatus.RETRY, {"kind": exc.kind, "message": exc.message}
+        elif isinstance(exc, RetryableError):  # rate limits too, with their retry_after
+            status, error = TableStatus.RETRY, RunError.of(exc)
         elif isinstance(exc, ConnectorError):  # permanent, auth, bad records
-            status, error = TableStatus.FAILED, {"kind": exc.kind, "message": exc.message}
+            status, error = TableStatus.FAILED, RunError.of(exc)
             if isinstance(exc, AuthError):
                 logger.warning("credentials refused: %s", exc.message)
         elif isinstance(exc, psycopg.DataError):
             status = TableStatus.FAILED
-            error = {"kind": "record", "message": f"Postgres rejected a record: {first_line(exc)}"}
+            error = RunError(ErrorKind.RECORD, f"Postgres rejected a record: {first_line(exc)}")
         elif isinstance(exc, psycopg.Error):
             logger.warning("database error in table %s: %s", table.name, first_line(exc))
             status = TableStatus.RETRY
-            error = {"kind": "database", "message": f"database error: {first_line(exc)}"}
+            error = RunError(ErrorKind.DATABASE, f"database error: {first_line(exc)}")
         else:
             logger.exception("connector raised an unexpected error in table %s", table.name)
             status = TableStatus.RETRY
-            error = {"kind": "internal", "message": f"unexpected error: {_brief(exc)}"}
+            error = RunError(ErrorKind.INTERNAL, f"unexpected error: {_brief(exc)}")
         if error is not None:
             if partition is not None:
-                error = {**error, "message": f"{partition}: {error['message']}"}
-                error["partition"] = partition
-            error = redact.redact_json(error)
+                error = replace(error, message=f"{partition}: {error.message}", partition=partition)
+            error = error.with_message(redact.redact(error.message))
         return status, error
 
     @staticmethod
@@ -742,7 +718,7 @@ class Executor:
         results: dict[str, TableResult] = {}
         processed = run.processed_units
         if run.connection_id is None:  # removed by an earlier attempt that died before finishing
-            return Outcome(Action.FINISH, "succeeded"), results, processed
+            return Outcome(Action.FINISH, RunStatus.SUCCEEDED), results, processed
         params = {
             "run_id": run.id,
             "lease_owner": run.lease_owner,
@@ -770,7 +746,7 @@ class Executor:
                 if not row or not row["fenced"]:
                     raise LeaseLost()
             logger.info("purged %d records and the connection row", processed)
-            return Outcome(Action.FINISH, "succeeded"), results, processed
+            return Outcome(Action.FINISH, RunStatus.SUCCEEDED), results, processed
         except (Aborted, LeaseLost) as exc:
             if isinstance(exc, LeaseLost):
                 abort.trip(AbortReason.LEASE_LOST)
@@ -781,19 +757,19 @@ class Executor:
             return self._decider(run)(results, abort=reason), results, processed
         except psycopg.Error as exc:
             logger.warning("database error while purging: %s", first_line(exc))
-            error = {"kind": "database", "message": f"database error: {first_line(exc)}"}
+            error = RunError(ErrorKind.DATABASE, f"database error: {first_line(exc)}")
             return self._decider(run)(results, run_error=error), results, processed
 
     # -- effects ---------------------------------------------------------------------------
 
-    def _decider(self, run: ClaimedRun) -> Any:
+    def _decider(self, run: ClaimedRun) -> Decider:
         s = self._settings
 
         def decide_for_run(
             results: dict[str, TableResult],
             *,
             abort: AbortReason | None = None,
-            run_error: dict[str, Any] | None = None,
+            run_error: RunError | None = None,
         ) -> Outcome:
             now = datetime.now(UTC)
             return decide(
@@ -811,7 +787,7 @@ class Executor:
                     now=now,
                     deadline=timedelta(seconds=s.run_deadline),
                 )
-                if run.kind == "sync"
+                if run.kind == RunKind.SYNC
                 else None,
             )
 
@@ -833,16 +809,16 @@ class Executor:
             return None
         sealed_results = {name: r.to_json() for name, r in results.items()}
         own_results = {name: r.to_json() for name, r in attempt_results.items()}
-        if outcome.action is Action.FINISH and outcome.status == "failed":
+        if outcome.action is Action.FINISH and outcome.status is RunStatus.FAILED:
             for value in (*sealed_results.values(), *own_results.values()):
-                if value["status"] == TableStatus.RETRY.value:
-                    value["status"] = TableStatus.FAILED.value
+                if value["status"] == TableStatus.RETRY:
+                    value["status"] = TableStatus.FAILED
         params = {
             "run_id": run.id,
             "lease_owner": run.lease_owner,
             "results": Jsonb(sealed_results),
             "attempt_results": Jsonb(own_results),
-            "error": Jsonb(outcome.error) if outcome.error else None,
+            "error": Jsonb(outcome.error.to_json()) if outcome.error else None,
         }
 
         claimed: list[ClaimedRun] = []
@@ -851,7 +827,7 @@ class Executor:
             with self._pool.connection() as conn:
                 if outcome.action is Action.HAND_BACK:
                     row = conn.execute(QUERIES.hand_back_run, params).fetchone()
-                    return "queued" if row and row["moved"] else None
+                    return RunStatus.QUEUED if row and row["moved"] else None
                 if outcome.action is Action.REQUEUE:
                     row = conn.execute(
                         QUERIES.requeue_run, {**params, "delay_seconds": outcome.delay}
@@ -871,7 +847,8 @@ class Executor:
                     **params,
                     "status": outcome.status,
                     "processed_units": processed,
-                    "disconnect": (outcome.error or {}).get("kind") == "auth",
+                    "disconnect": outcome.error is not None
+                    and outcome.error.kind is ErrorKind.AUTH,
                 }
                 # The finish writes the run's totals on the attempt's history row too; the
                 # attempt's own counts follow in the same round trip.
@@ -903,9 +880,9 @@ class Executor:
                 ended = write(claim_next and attempt.retry_state.attempt_number == 1)
         if ended is None:
             logger.warning("the lease was lost before the run could be %s", outcome.action.value)
-        elif outcome.action is Action.REQUEUE and ended == "queued":
+        elif outcome.action is Action.REQUEUE and ended == RunStatus.QUEUED:
             logger.info("requeued to retry in %.1f s: %s", outcome.delay or 0, outcome.error)
-        elif outcome.action is Action.WAIT and ended == "queued":
+        elif outcome.action is Action.WAIT and ended == RunStatus.QUEUED:
             logger.info("waiting %.0f s for %s", outcome.delay or 0, outcome.waiting_for)
         else:
             logger.info("run ended %s", ended)
@@ -955,7 +932,7 @@ class _SliceResults:
         # A table an operator's retry made pending again reads its failed partitions again.
         self._retried = before is None or before.status is TableStatus.PENDING
         self._parts: dict[str, TableResult] = {}
-        self._failure: tuple[TableStatus, dict[str, Any] | None] | None = None
+        self._failure: tuple[TableStatus, RunError | None] | None = None
 
     def failed_before(self, name: str | None) -> bool:
         """A partition an earlier attempt gave up for good is not read again."""
@@ -979,7 +956,7 @@ class _SliceResults:
             part = self._parts.setdefault(name, TableResult(TableStatus.SUCCEEDED))
             part.tombstoned += n
 
-    def fail_table(self, status: TableStatus, error: dict[str, Any] | None) -> None:
+    def fail_table(self, status: TableStatus, error: RunError | None) -> None:
         self._failure = (status, error)
 
     def result(
@@ -1015,14 +992,18 @@ class _SliceResults:
             status = table_status(latest) if latest else TableStatus.SUCCEEDED
             error = None
             if failing and status is not TableStatus.SUCCEEDED:
-                error = dict(failing[0][1].error or {})
-                if status is TableStatus.PARTIAL:
+                error = failing[0][1].error
+                if error is not None and status is TableStatus.PARTIAL:
                     gave_up = [n for n, r in latest.items() if r.status is TableStatus.FAILED]
-                    error["message"] = (
+                    error = error.with_message(
                         f"{len(gave_up)} of {len(latest)} partitions failed "
-                        f"({', '.join(gave_up)}); first: {error.get('message', '')}"
+                        f"({', '.join(gave_up)}); first: {error.message}"
                     )
         return TableResult(status, *counts, error, total, dict(self._parts))
+
+
+# A table error of these kinds ends the attempt: every other table would meet it too.
+_ENDS_ATTEMPT = frozenset({ErrorKind.RATE_LIMITED, ErrorKind.AUTH})
 
 
 def _counts(writer: RecordWriter) -> tuple[int, int, int]:

@@ -27,12 +27,11 @@ from uuid import UUID
 
 import psycopg
 
-from sync.abort import AbortSignal
+from sync.abort import AbortReason, AbortSignal
 from sync.db import Connection, connect, first_line
 from sync.queries import QUERIES
 from sync.queues.models import JobStatus
 from sync.queues.store import JobStore
-from sync.retry_policy import AbortReason
 from sync.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -33,6 +33,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import PoolTimeout
 
 import connectors
+from sync.abort import AbortReason
 from sync.db import Pool, connect, first_line
 from sync.errors import Conflict
 from sync.executor import ClaimedRun, Executor
@@ -42,7 +43,6 @@ from sync.lease import LeaseKeeper
 from sync.migrations import check_schema
 from sync.queries import QUERIES
 from sync.queues.postgres import PostgresQueues
-from sync.retry_policy import AbortReason
 from sync.secrets import SecretBox
 from sync.services import Cleaner, Heartbeat, ScheduleEnqueuer, SeenKeySweeper, Service
 from sync.settings import Settings
