@@ -45,6 +45,7 @@ from sync.secrets import SecretBox
 from sync.services.cleaner import PruneReport, RetentionRules, prune
 from sync.settings import Settings
 from sync.store import RunStore
+from sync.vocabulary import ConnectionStatus, RunKind, RunStatus
 from sync.worker import Worker
 
 log = logging.getLogger("sync")
@@ -326,16 +327,24 @@ class Engine(IngestionsApi):
 
     def pause(self, connection_id: int) -> Connection:
         """No scheduled or manual syncs until it is resumed."""
-        return self._set_status(connection_id, "paused", ["active", "paused"])
+        return self._set_status(
+            connection_id,
+            ConnectionStatus.PAUSED,
+            [ConnectionStatus.ACTIVE, ConnectionStatus.PAUSED],
+        )
 
     def resume(self, connection_id: int, *, force: bool = False) -> Connection:
         """Resume a paused connection (its schedule restarts from now). A disconnected one (the
         provider refused its credentials) needs new credentials (:meth:`update_connection`),
         or ``force`` to try the refused ones again."""
-        allowed = ["paused", "active"] + (["disconnected"] if force else [])
-        return self._set_status(connection_id, "active", allowed)
+        allowed = [ConnectionStatus.PAUSED, ConnectionStatus.ACTIVE]
+        if force:
+            allowed.append(ConnectionStatus.DISCONNECTED)
+        return self._set_status(connection_id, ConnectionStatus.ACTIVE, allowed)
 
-    def _set_status(self, connection_id: int, status: str, allowed: list[str]) -> Connection:
+    def _set_status(
+        self, connection_id: int, status: ConnectionStatus, allowed: list[ConnectionStatus]
+    ) -> Connection:
         row = self._maybe(
             QUERIES.set_connection_status,
             connection_id=connection_id,
@@ -345,7 +354,7 @@ class Engine(IngestionsApi):
         )
         if row is None:
             current = self.connection(connection_id)  # raises NotFound
-            if current.status == "disconnected":
+            if current.status == ConnectionStatus.DISCONNECTED:
                 raise Conflict(
                     f"connection {connection_id} is disconnected: the provider refused its "
                     "credentials; give it new ones (`connector-sync connections update "
@@ -376,7 +385,8 @@ class Engine(IngestionsApi):
             current = self.connection(connection_id)  # raises NotFound
             raise Conflict(
                 f"connection {connection_id} is {current.status}; only an active connection "
-                "syncs" + (" (resume it first)" if current.status == "paused" else "")
+                "syncs"
+                + (" (resume it first)" if current.status == ConnectionStatus.PAUSED else "")
             )
         return queued
 
@@ -385,7 +395,7 @@ class Engine(IngestionsApi):
         cancelled = self.store.cancel(run_id, self._workspace_id)
         if cancelled is None:
             run = self.run(run_id)  # raises NotFound
-            if run.kind == "purge":
+            if run.kind == RunKind.PURGE:
                 raise Conflict(f"run {run_id} is a purge; a purge cannot be cancelled")
             raise Conflict(
                 f"run {run_id} {_state(run)}; only a queued or running run can be cancelled"
@@ -402,7 +412,7 @@ class Engine(IngestionsApi):
             ) from None
         if retried is None:
             run = self.run(run_id)
-            if run.status != "failed":
+            if run.status != RunStatus.FAILED:
                 raise Conflict(f"run {run_id} {_state(run)}; only a failed run can be retried")
             raise Conflict(f"run {run_id}'s connection is not active, so it cannot sync")
         return retried
@@ -411,7 +421,7 @@ class Engine(IngestionsApi):
         self,
         *,
         connection_id: int | None = None,
-        status: str | None = None,
+        status: RunStatus | None = None,
         workspace_id: int | None = None,
         limit: int = 50,
     ) -> list[Run]:

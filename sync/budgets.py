@@ -16,7 +16,7 @@ from sync.lease import Control
 
 
 def budget_key_of(
-    cls: type[Connector],
+    cls: type[Connector[Any]],
     provider: str,
     config: BaseModel,
     credentials: Mapping[str, Any],
@@ -38,6 +38,9 @@ class BudgetView:
 
     def learn(self, control: Control) -> None:
         """What a control read says of the budget: a block only ever gets longer."""
-        until = control.budget_blocked_until
+        self.spent_until(control.budget_blocked_until)
+
+    def spent_until(self, until: datetime | None) -> None:
+        """The budget is spent until ``until``: a block only ever gets longer."""
         if until is not None and (self.until is None or until > self.until):
             self.until = until

@@ -17,6 +17,7 @@ from sync.runs.sync import SyncJob
 from sync.secrets import SecretBox
 from sync.settings import Settings
 from sync.store import ClaimedRun, RunStore
+from sync.vocabulary import RunKind
 
 
 class Executor:
@@ -49,7 +50,7 @@ class Executor:
         outcome: Outcome | None = None
         try:
             attempt: dict[str, TableResult] = {}
-            if run.kind == "purge":
+            if run.kind == RunKind.PURGE:
                 decide = decider(run, self._settings, self._store)
                 batch = self._settings.purge_batch_size
                 outcome, results, processed = purge(run, self._store, batch, abort, logger, decide)

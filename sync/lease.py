@@ -26,11 +26,10 @@ from typing import Any
 
 import psycopg
 
-from sync.abort import AbortSignal
+from sync.abort import AbortReason, AbortSignal
 from sync.db import Connection, connect, first_line
 from sync.queues.models import JobStatus
 from sync.queues.store import JobStore
-from sync.retry_policy import AbortReason
 from sync.settings import Settings
 from sync.store import Lease, RunStore
 

@@ -31,6 +31,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 import connectors
+from sync.abort import AbortReason
 from sync.db import Pool, connect, first_line
 from sync.errors import Conflict
 from sync.executor import Executor
@@ -39,7 +40,6 @@ from sync.job_lanes import Lanes
 from sync.lease import LeaseKeeper
 from sync.migrations import check_schema
 from sync.queues.postgres import PostgresQueues
-from sync.retry_policy import AbortReason
 from sync.secrets import SecretBox
 from sync.services import Cleaner, Heartbeat, ScheduleEnqueuer, SeenKeySweeper, Service
 from sync.settings import Settings

@@ -20,14 +20,13 @@ from connectors.base import Connector
 from connectors.context import CachedResponse
 from connectors.errors import PermanentError
 from sync import redact
-from sync.abort import AbortSignal
+from sync.abort import AbortReason, AbortSignal
 from sync.budgets import budget_key_of
 from sync.db import Pool
 from sync.errors import LeaseLost
 from sync.ingestions import store
 from sync.lease import Control, Lease
 from sync.queries import QUERIES
-from sync.retry_policy import AbortReason
 from sync.secrets import SecretBox
 
 

@@ -130,8 +130,7 @@ class RunContext:
 
     def report_rate_limit(self, until: datetime, reason: str) -> None:
         key = self._run.budget_key
-        if self._budget.until is None or until > self._budget.until:
-            self._budget.until = until
+        self._budget.spent_until(until)
         if key is None:
             return
         self._store.block_rate_budget(key, until, redact.redact(reason))

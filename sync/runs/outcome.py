@@ -7,39 +7,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 
-from sync.abort import AbortSignal
+from sync.abort import AbortReason, AbortSignal
 from sync.db import first_line
-from sync.retry_policy import (
-    AbortReason,
-    Action,
-    Outcome,
-    TableResult,
-    TableStatus,
-    Waiting,
-    decide,
-)
+from sync.retry_policy import Action, Decider, Outcome, TableResult, Waiting, decide
 from sync.runs.log import Logger
 from sync.settings import Settings
 from sync.store import ClaimedRun, RunStore, Seal
+from sync.vocabulary import ErrorKind, RunError, RunKind, RunStatus, TableStatus
 
 Sealer = Callable[[Seal], bool]
 """Seals a finished run; False when its lease was lost first."""
-
-
-class Decider(Protocol):
-    """The decision for one run, from its tables' results and why it stopped."""
-
-    def __call__(
-        self,
-        results: dict[str, TableResult],
-        *,
-        abort: AbortReason | None = None,
-        run_error: dict[str, Any] | None = None,
-    ) -> Outcome: ...
 
 
 def decider(run: ClaimedRun, settings: Settings, store: RunStore) -> Decider:
@@ -50,7 +31,7 @@ def decider(run: ClaimedRun, settings: Settings, store: RunStore) -> Decider:
         results: dict[str, TableResult],
         *,
         abort: AbortReason | None = None,
-        run_error: dict[str, Any] | None = None,
+        run_error: RunError | None = None,
     ) -> Outcome:
         now = store.now()
         return decide(
@@ -68,7 +49,7 @@ def decider(run: ClaimedRun, settings: Settings, store: RunStore) -> Decider:
                 now=now,
                 deadline=timedelta(seconds=settings.run_deadline),
             )
-            if run.kind == "sync"
+            if run.kind == RunKind.SYNC
             else None,
         )
 
@@ -101,22 +82,22 @@ class Outcomes:
             return
         sealed_results = _json(results)
         own_results = _json(attempt_results)
-        if outcome.action is Action.FINISH and outcome.status == "failed":
+        if outcome.action is Action.FINISH and outcome.status is RunStatus.FAILED:
             for value in (*sealed_results.values(), *own_results.values()):
-                if value["status"] == TableStatus.RETRY.value:
-                    value["status"] = TableStatus.FAILED.value
+                if value["status"] == TableStatus.RETRY:
+                    value["status"] = TableStatus.FAILED
         ending = Seal(
             lease=run.lease,
             status=outcome.status or "",
             results=sealed_results,
             attempt_results=own_results,
-            error=outcome.error,
+            error=outcome.error.to_json() if outcome.error else None,
             processed_units=processed,
-            disconnect=(outcome.error or {}).get("kind") == "auth",
+            disconnect=outcome.error is not None and outcome.error.kind is ErrorKind.AUTH,
         )
         ended: str | None
         if outcome.action is Action.HAND_BACK:
-            ended = "queued" if self._store.hand_back(ending) else None
+            ended = RunStatus.QUEUED if self._store.hand_back(ending) else None
         elif outcome.action is Action.REQUEUE:
             ended = self._store.requeue(ending, outcome.delay or 0)
         elif outcome.action is Action.WAIT:
@@ -128,9 +109,9 @@ class Outcomes:
             ended = outcome.status if sealer(ending) else None
         if ended is None:
             logger.warning("the lease was lost before the run could be %s", outcome.action.value)
-        elif outcome.action is Action.REQUEUE and ended == "queued":
+        elif outcome.action is Action.REQUEUE and ended == RunStatus.QUEUED:
             logger.info("requeued to retry in %.1f s: %s", outcome.delay or 0, outcome.error)
-        elif outcome.action is Action.WAIT and ended == "queued":
+        elif outcome.action is Action.WAIT and ended == RunStatus.QUEUED:
             logger.info("waiting %.0f s for %s", outcome.delay or 0, outcome.waiting_for)
         else:
             logger.info("run ended %s", ended)

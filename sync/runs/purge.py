@@ -6,13 +6,13 @@ from __future__ import annotations
 import psycopg
 
 from connectors.errors import Aborted
-from sync.abort import AbortSignal
+from sync.abort import AbortReason, AbortSignal
 from sync.db import first_line
 from sync.errors import LeaseLost
-from sync.retry_policy import AbortReason, Action, Outcome, TableResult
+from sync.retry_policy import Action, Decider, Outcome, TableResult
 from sync.runs.log import Logger
-from sync.runs.outcome import Decider
 from sync.store import ClaimedRun, RunStore
+from sync.vocabulary import ErrorKind, RunError, RunStatus
 
 
 def purge(
@@ -27,7 +27,7 @@ def purge(
     results: dict[str, TableResult] = {}
     processed = run.processed_units
     if run.connection_id is None:  # removed by an earlier attempt that died before finishing
-        return Outcome(Action.FINISH, "succeeded"), results, processed
+        return Outcome(Action.FINISH, RunStatus.SUCCEEDED), results, processed
     try:
         while True:
             abort.check()
@@ -40,7 +40,7 @@ def purge(
         abort.check()
         store.purge_connection_row(run.lease, run.connection_id)
         logger.info("purged %d records and the connection row", processed)
-        return Outcome(Action.FINISH, "succeeded"), results, processed
+        return Outcome(Action.FINISH, RunStatus.SUCCEEDED), results, processed
     except (Aborted, LeaseLost) as exc:
         if isinstance(exc, LeaseLost):
             abort.trip(AbortReason.LEASE_LOST)
@@ -51,5 +51,5 @@ def purge(
         return decide(results, abort=reason), results, processed
     except psycopg.Error as exc:
         logger.warning("database error while purging: %s", first_line(exc))
-        error = {"kind": "database", "message": f"database error: {first_line(exc)}"}
+        error = RunError(ErrorKind.DATABASE, f"database error: {first_line(exc)}")
         return decide(results, run_error=error), results, processed

@@ -8,20 +8,15 @@ each attempt's history row its own counts."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import psycopg
 
 from connectors.base import Connector, Mode, Table
-from connectors.errors import (
-    Aborted,
-    AuthError,
-    ConnectorError,
-    RateLimited,
-    RetryableError,
-)
+from connectors.errors import Aborted, AuthError, ConnectorError, RetryableError
 from sync import redact
-from sync.abort import AbortSignal
+from sync.abort import AbortReason, AbortSignal
 from sync.budgets import BudgetView
 from sync.checkpoints import RunCheckpoints
 from sync.connector_setup import ConnectorSetupError, connector_inputs
@@ -31,16 +26,7 @@ from sync.http_cache import HttpCache
 from sync.ingestions.store import queue_file_ingestions
 from sync.progress import RunProgress
 from sync.records import RecordWriter
-from sync.retry_policy import (
-    SETTLED,
-    AbortReason,
-    Action,
-    Outcome,
-    TableResult,
-    TableStatus,
-    merged,
-    table_status,
-)
+from sync.retry_policy import Action, Outcome, TableResult, merged, table_status
 from sync.runs.context import RunContext
 from sync.runs.log import Logger
 from sync.runs.outcome import Outcomes, decider
@@ -48,13 +34,14 @@ from sync.secrets import SecretBox
 from sync.settings import Settings
 from sync.store import ClaimedRun, RunStore, TableWrites
 from sync.tombstones import TombstonePass
+from sync.vocabulary import SETTLED, ConnectionStatus, ErrorKind, RunError, RunStatus, TableStatus
 
 
 class _StopAttempt(Exception):
     """The attempt cannot go on (unusable config or credentials, refused credentials)."""
 
-    def __init__(self, error: dict[str, Any]) -> None:
-        super().__init__(error["message"])
+    def __init__(self, error: RunError) -> None:
+        super().__init__(error.message)
         self.error = error
 
 
@@ -85,10 +72,10 @@ class SyncJob:
         attempt: dict[str, TableResult] = {}
         self.seen_keys_left = False
         decide_ = decider(run, self._settings, self._store)
-        if run.connection_status != "active":
+        if run.connection_status != ConnectionStatus.ACTIVE:
             state = run.connection_status or "gone"
-            error = {"kind": "cancelled", "message": f"the connection is {state}"}
-            return Outcome(Action.FINISH, "cancelled", error=error), totals, attempt
+            error = RunError(ErrorKind.CANCELLED, f"the connection is {state}")
+            return Outcome(Action.FINISH, RunStatus.CANCELLED, error=error), totals, attempt
         # Only a run that has written before has checkpoints to resume from.
         checkpoints = RunCheckpoints()
         if run.processed_units > 0:
@@ -131,15 +118,15 @@ class SyncJob:
                 # Saved as each table ends, so a crash keeps them; the finish saves the last.
                 if table is not unsettled[-1] and abort.reason is not AbortReason.LEASE_LOST:
                     self._outcomes.save_results(run, totals, attempt, abort)
-                kind = (result.error or {}).get("kind")
-                if kind == "auth":
+                kind = result.error.kind if result.error else None
+                if kind is ErrorKind.AUTH:
                     return decide_(totals, run_error=result.error), totals, attempt
-                if kind == "rate_limited":
+                if kind is ErrorKind.RATE_LIMITED:
                     # The provider's budget is spent for every table: end the attempt here.
                     break
         except psycopg.Error as exc:  # deciding the complete passes
             logger.warning("database error before reading: %s", first_line(exc))
-            error = {"kind": "database", "message": f"database error: {first_line(exc)}"}
+            error = RunError(ErrorKind.DATABASE, f"database error: {first_line(exc)}")
             return decide_(totals, run_error=error), totals, attempt
         finally:
             try:
@@ -206,11 +193,11 @@ class SyncJob:
         try:
             return cls(context), context
         except ConnectorError as exc:
-            raise _StopAttempt({"kind": exc.kind, "message": exc.message}) from None
+            raise _StopAttempt(RunError.of(exc)) from None
         except Exception as exc:
             logger.exception("connector %s failed to start", run.provider)
             raise _StopAttempt(
-                {"kind": "internal", "message": f"the connector failed to start: {_brief(exc)}"}
+                RunError(ErrorKind.INTERNAL, f"the connector failed to start: {_brief(exc)}")
             ) from None
 
     def _sync_table(
@@ -326,7 +313,7 @@ class SyncJob:
                 if (
                     name is None
                     or isinstance(exc, Aborted | LeaseLost)
-                    or (error or {}).get("kind") in ("rate_limited", "auth")
+                    or (error is not None and error.kind in _ENDS_ATTEMPT)
                 ):
                     return True
                 continue
@@ -405,10 +392,10 @@ class SyncJob:
         logger: Logger,
         table: Table,
         partition: str | None = None,
-    ) -> tuple[TableStatus, dict[str, Any] | None]:
+    ) -> tuple[TableStatus, RunError | None]:
         """What an exception that ended a table (or one of its partitions) means for it."""
         status: TableStatus
-        error: dict[str, Any] | None
+        error: RunError | None
         if isinstance(exc, Aborted | LeaseLost):
             if isinstance(exc, LeaseLost):
                 logger.warning("lease lost while writing table %s: stopping", table.name)
@@ -418,31 +405,27 @@ class SyncJob:
                 AbortReason.TIMEOUT: TableStatus.RETRY,
             }.get(abort.reason or AbortReason.LEASE_LOST, TableStatus.PENDING)
             error = None
-        elif isinstance(exc, RateLimited):
-            status = TableStatus.RETRY
-            error = {"kind": exc.kind, "message": exc.message, "retry_after": exc.retry_after}
-        elif isinstance(exc, RetryableError):
-            status, error = TableStatus.RETRY, {"kind": exc.kind, "message": exc.message}
+        elif isinstance(exc, RetryableError):  # rate limits too, with their retry_after
+            status, error = TableStatus.RETRY, RunError.of(exc)
         elif isinstance(exc, ConnectorError):  # permanent, auth, bad records
-            status, error = TableStatus.FAILED, {"kind": exc.kind, "message": exc.message}
+            status, error = TableStatus.FAILED, RunError.of(exc)
             if isinstance(exc, AuthError):
                 logger.warning("credentials refused: %s", exc.message)
         elif isinstance(exc, psycopg.DataError):
             status = TableStatus.FAILED
-            error = {"kind": "record", "message": f"Postgres rejected a record: {first_line(exc)}"}
+            error = RunError(ErrorKind.RECORD, f"Postgres rejected a record: {first_line(exc)}")
         elif isinstance(exc, psycopg.Error):
             logger.warning("database error in table %s: %s", table.name, first_line(exc))
             status = TableStatus.RETRY
-            error = {"kind": "database", "message": f"database error: {first_line(exc)}"}
+            error = RunError(ErrorKind.DATABASE, f"database error: {first_line(exc)}")
         else:
             logger.exception("connector raised an unexpected error in table %s", table.name)
             status = TableStatus.RETRY
-            error = {"kind": "internal", "message": f"unexpected error: {_brief(exc)}"}
+            error = RunError(ErrorKind.INTERNAL, f"unexpected error: {_brief(exc)}")
         if error is not None:
             if partition is not None:
-                error = {**error, "message": f"{partition}: {error['message']}"}
-                error["partition"] = partition
-            error = redact.redact_json(error)
+                error = replace(error, message=f"{partition}: {error.message}", partition=partition)
+            error = error.with_message(redact.redact(error.message))
         return status, error
 
     @staticmethod
@@ -467,7 +450,7 @@ class _SliceResults:
         # A table an operator's retry made pending again reads its failed partitions again.
         self._retried = before is None or before.status is TableStatus.PENDING
         self._parts: dict[str, TableResult] = {}
-        self._failure: tuple[TableStatus, dict[str, Any] | None] | None = None
+        self._failure: tuple[TableStatus, RunError | None] | None = None
 
     def failed_before(self, name: str | None) -> bool:
         """A partition an earlier attempt gave up for good is not read again."""
@@ -491,7 +474,7 @@ class _SliceResults:
             part = self._parts.setdefault(name, TableResult(TableStatus.SUCCEEDED))
             part.tombstoned += n
 
-    def fail_table(self, status: TableStatus, error: dict[str, Any] | None) -> None:
+    def fail_table(self, status: TableStatus, error: RunError | None) -> None:
         self._failure = (status, error)
 
     def result(
@@ -527,14 +510,18 @@ class _SliceResults:
             status = table_status(latest) if latest else TableStatus.SUCCEEDED
             error = None
             if failing and status is not TableStatus.SUCCEEDED:
-                error = dict(failing[0][1].error or {})
-                if status is TableStatus.PARTIAL:
+                error = failing[0][1].error
+                if error is not None and status is TableStatus.PARTIAL:
                     gave_up = [n for n, r in latest.items() if r.status is TableStatus.FAILED]
-                    error["message"] = (
+                    error = error.with_message(
                         f"{len(gave_up)} of {len(latest)} partitions failed "
-                        f"({', '.join(gave_up)}); first: {error.get('message', '')}"
+                        f"({', '.join(gave_up)}); first: {error.message}"
                     )
         return TableResult(status, *counts, error, total, dict(self._parts))
+
+
+# A table error of these kinds ends the attempt: every other table would meet it too.
+_ENDS_ATTEMPT = frozenset({ErrorKind.RATE_LIMITED, ErrorKind.AUTH})
 
 
 def _counts(writer: RecordWriter) -> tuple[int, int, int]:
