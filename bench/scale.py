@@ -307,10 +307,10 @@ def main() -> None:
                 # was declared before ROWS 1, when the outer join to connections was planned for
                 # the 1,000 rows a set-returning function is assumed to return.
                 with connect(url) as conn:
-                    conn.execute("ALTER FUNCTION claim_run(text, interval, text[]) ROWS 1000")
+                    conn.execute("ALTER FUNCTION claim_run_v2(text, interval, text[]) ROWS 1000")
                 measure("  the same, claim_run() at ROWS 1000 (before 0f8ce44)", have)
                 with connect(url) as conn:
-                    conn.execute("ALTER FUNCTION claim_run(text, interval, text[]) ROWS 1")
+                    conn.execute("ALTER FUNCTION claim_run_v2(text, interval, text[]) ROWS 1")
                 with connect(url) as conn:
                     exec_all(conn, NOT_DUE_UNDO)
                 for count in blocked_sizes:

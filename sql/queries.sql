@@ -6,21 +6,26 @@
 -- "Fenced" means the statement writes only while the run row still names this claim's lease
 -- owner, is running and its lease is live; it locks that row until commit, so no claim can
 -- take the run between the check and the write. A stale worker's fenced write matches nothing.
+-- The fence is written once, as run_fence_v1(run_row, run_id, lease_owner) (see
+-- 0012_fence_and_versions.sql), which the planner inlines into the four conditions it stands
+-- for; each fenced statement below says it with that function and takes the row lock itself.
+-- The functions called here are versioned (claim_run_v2, ...): see "Upgrading" in
+-- docs/operations.md.
 
 
 -- name: enqueue_run
 -- Queues a sync of an active connection, or returns the run already queued/running for it.
-SELECT * FROM enqueue_run(%(connection_id)s, %(workspace_id)s, %(trigger)s, %(max_attempts)s);
+SELECT * FROM enqueue_run_v2(%(connection_id)s, %(workspace_id)s, %(trigger)s, %(max_attempts)s);
 
 -- name: claim_run
--- Claims the oldest claimable run this worker can execute (see claim_run() in
--- 0005_worker_providers_and_repairs.sql: a sync only of a provider in `providers`) and returns it
+-- Claims the oldest claimable run this worker can execute (see claim_run_v2() in
+-- 0012_fence_and_versions.sql: a sync only of a provider in `providers`) and returns it
 -- with what the executor needs of its connection and its tables' cursors, in one round trip.
 SELECT r.*, c.name AS connection_name, c.status AS connection_status, c.config,
        c.credentials,
        (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
          WHERE s.connection_id = r.connection_id AND s.cursor IS NOT NULL) AS cursors
-  FROM claim_run(%(worker_id)s, %(lease)s, %(providers)s::text[]) r
+  FROM claim_run_v2(%(worker_id)s, %(lease)s, %(providers)s::text[]) r
   LEFT JOIN connections c ON c.id = r.connection_id;
 
 -- name: renew_lease
@@ -31,8 +36,7 @@ SELECT r.*, c.name AS connection_name, c.status AS connection_status, c.config,
 WITH renewed AS (
     UPDATE connection_runs
        SET lease_expires_at = now() + %(lease)s
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
     RETURNING lease_owner, lease_expires_at
 ), noted AS (
     UPDATE run_attempts a SET lease_expires_at = renewed.lease_expires_at
@@ -48,8 +52,7 @@ SELECT r.cancel_requested_at IS NOT NULL AS cancel_requested,
        (SELECT b.blocked_until FROM rate_budgets b
          WHERE b.key = r.budget_key AND b.blocked_until > now()) AS budget_blocked_until
   FROM connection_runs r
- WHERE r.id = %(run_id)s AND r.lease_owner = %(lease_owner)s AND r.status = 'running'
-   AND r.lease_expires_at > now();
+ WHERE run_fence_v1(r, %(run_id)s, %(lease_owner)s);
 
 -- name: block_rate_budget
 -- Records that a rate budget is spent until a time. Never shortens a block already recorded.
@@ -66,8 +69,7 @@ ON CONFLICT (key) DO UPDATE
 -- two runs never spend one single-use refresh token, and a stale worker never refreshes.
 WITH fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 )
 SELECT c.credentials FROM connections c, fence
@@ -93,22 +95,22 @@ UPDATE connections
 RETURNING *;
 
 -- name: finish_run
--- Seals a run (see finish_run() in 0002_queue_functions.sql). Fenced: a stale owner's finish
--- matches nothing and returns false.
-SELECT finish_run(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
-                  %(processed_units)s, %(disconnect)s) AS sealed;
+-- Seals a run (see finish_run_v2() in 0012_fence_and_versions.sql). Fenced: a stale owner's
+-- finish matches nothing and returns false.
+SELECT finish_run_v2(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
+                     %(processed_units)s, %(disconnect)s) AS sealed;
 
 -- name: finish_and_claim
 -- The worker loop's one round trip between two runs: seals the run it just executed, then
--- claims the next (see finish_and_claim()). Returns whether the finish sealed, and the claimed
--- run (all NULL when there is none) with the same extras as claim_run.
+-- claims the next (see finish_and_claim_v2()). Returns whether the finish sealed, and the
+-- claimed run (all NULL when there is none) with the same extras as claim_run.
 SELECT f.sealed, (f.claimed).*, c.name AS connection_name,
        c.status AS connection_status, c.config, c.credentials,
        (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
          WHERE s.connection_id = (f.claimed).connection_id AND s.cursor IS NOT NULL) AS cursors
-  FROM finish_and_claim(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
-                        %(processed_units)s, %(disconnect)s, %(worker_id)s, %(lease)s,
-                        %(providers)s::text[]) f
+  FROM finish_and_claim_v2(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
+                           %(processed_units)s, %(disconnect)s, %(worker_id)s, %(lease)s,
+                           %(providers)s::text[]) f
   LEFT JOIN connections c ON c.id = (f.claimed).connection_id;
 
 -- name: requeue_run
@@ -124,8 +126,7 @@ WITH run AS (
                 OR EXISTS (SELECT 1 FROM connections c
                             WHERE c.id = r.connection_id AND c.status = 'active')) AS may_retry
       FROM connection_runs r
-     WHERE r.id = %(run_id)s AND r.lease_owner = %(lease_owner)s AND r.status = 'running'
-       AND r.lease_expires_at > now()
+     WHERE run_fence_v1(r, %(run_id)s, %(lease_owner)s)
        FOR NO KEY UPDATE
 ), moved AS (
     UPDATE connection_runs r
@@ -163,8 +164,7 @@ WITH run AS (
                         WHERE c.id = r.connection_id AND c.status = 'active') AS may_retry,
            now() + make_interval(secs => %(delay_seconds)s) AS until
       FROM connection_runs r
-     WHERE r.id = %(run_id)s AND r.lease_owner = %(lease_owner)s AND r.status = 'running'
-       AND r.lease_expires_at > now()
+     WHERE run_fence_v1(r, %(run_id)s, %(lease_owner)s)
        FOR NO KEY UPDATE
 ), moved AS (
     UPDATE connection_runs r
@@ -199,8 +199,7 @@ WITH moved AS (
     UPDATE connection_runs
        SET status = 'queued', attempts = attempts - 1, queued_at = now(),
            lease_owner = NULL, lease_expires_at = NULL, results = %(results)s
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
     RETURNING id
 ), attempt AS (
     UPDATE run_attempts
@@ -218,8 +217,7 @@ SELECT (SELECT count(*) FROM moved) AS moved, (SELECT count(*) FROM woken) AS wo
 WITH saved AS (
     UPDATE connection_runs
        SET results = %(results)s
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
     RETURNING id
 ), attempt AS (
     UPDATE run_attempts SET results = %(attempt_results)s
@@ -324,8 +322,7 @@ WITH async AS (
     UPDATE connection_runs
        SET processed_units = processed_units + cardinality(%(external_ids)b::text[]),
            progress = %(progress)s, total_units = %(total_units)s
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
     RETURNING id
 ), incoming AS (
     SELECT i.external_id, i.data, i.content_hash
@@ -402,8 +399,7 @@ WITH async AS (
 ), fence AS (
     UPDATE connection_runs
        SET progress = %(progress)s, total_units = %(total_units)s
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
     RETURNING id
 ), checkpoint AS (
     INSERT INTO run_checkpoints AS c (run_id, table_name, partition, position, done, resync,
@@ -443,8 +439,7 @@ SELECT (SELECT coalesce(sum(seen), 0) FROM run_checkpoints
 -- partition's stay (they can only keep rows, never tombstone one). Fenced.
 WITH fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 ), checkpoints AS (
     DELETE FROM run_checkpoints
@@ -469,8 +464,7 @@ WITH async AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ), fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 ), gone AS (
     UPDATE records
@@ -493,8 +487,7 @@ WITH async AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ), fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 ), gone AS (
     UPDATE records
@@ -520,23 +513,23 @@ SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM async) AS a
 
 -- name: tombstone_unseen
 -- One bounded step of a table's tombstone pass, after the table (or some of its partitions) was
--- read completely in this run (see tombstone_unseen() in 0004_resumable_syncs.sql). Fenced.
-SELECT * FROM tombstone_unseen(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
-                               %(partitions)s, %(after)s, %(limit)s);
+-- read completely in this run (see tombstone_unseen_v2() in 0012_fence_and_versions.sql).
+-- Fenced.
+SELECT * FROM tombstone_unseen_v2(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
+                                     %(partitions)s, %(after)s, %(limit)s);
 
 -- name: unseen_rows
 -- One bounded step of the same candidates, read only, for a table whose listing can shift: its
--- connector confirms them before anything is tombstoned (see unseen_rows()).
-SELECT * FROM unseen_rows(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
-                          %(partitions)s, %(after)s, %(limit)s);
+-- connector confirms them before anything is tombstoned (see unseen_rows_v2()).
+SELECT * FROM unseen_rows_v2(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
+                             %(partitions)s, %(after)s, %(limit)s);
 
 -- name: complete_table
 -- The end of a table's tombstone pass: stamps last_full_sync_at when every partition was read
 -- completely, and drops the table's seen keys, which nothing reads any more. Fenced.
 WITH fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 ), stamped AS (
     INSERT INTO table_state (connection_id, table_name, last_full_sync_at)
@@ -561,8 +554,7 @@ WITH async AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ), fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 )
 INSERT INTO table_state AS s (connection_id, table_name, cursor)
@@ -589,8 +581,7 @@ DELETE FROM run_seen_keys WHERE run_id = %(run_id)s;
 WITH fence AS (
     UPDATE connection_runs
        SET processed_units = %(processed_units)s
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
     RETURNING id
 ), doomed AS (
     SELECT table_name, external_id FROM records
@@ -610,8 +601,7 @@ SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM gone) AS de
 -- Its runs keep their history with connection_id set NULL. Fenced.
 WITH fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 ), gone AS (
     DELETE FROM connections c
@@ -784,7 +774,7 @@ UPDATE connections
 RETURNING *;
 
 -- name: delete_connection
-SELECT * FROM delete_connection(%(connection_id)s, %(workspace_id)s, %(max_attempts)s);
+SELECT * FROM delete_connection_v2(%(connection_id)s, %(workspace_id)s, %(max_attempts)s);
 
 -- name: list_runs
 -- Newest first. A connection's runs are found by its id after it was deleted too.
@@ -848,8 +838,7 @@ SELECT etag, headers, body FROM http_cache
 -- Fenced like every write a run makes.
 WITH fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 )
 INSERT INTO http_cache (connection_id, url_hash, etag, headers, body)
