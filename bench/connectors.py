@@ -51,7 +51,7 @@ class RecordsConfig(BaseModel):
 
 
 @register
-class RecordsConnector(Connector):
+class RecordsConnector(Connector[RecordsConfig]):
     """The simulated 1 KB-record table of bench/records.py, read in pages."""
 
     provider = "bench_records"
@@ -60,7 +60,6 @@ class RecordsConnector(Connector):
 
     def read(self, table: Table) -> Iterator[Any]:
         config = self.context.config
-        assert isinstance(config, RecordsConfig)
         yield from dataset.pages(config.n, dataset.phase_named(config.phase), config.page_size)
 
 
@@ -69,7 +68,7 @@ class WaitConfig(BaseModel):
 
 
 @register
-class WaitConnector(Connector):
+class WaitConnector(Connector[WaitConfig]):
     """One full table that yields nothing after waiting ``ms`` on its "provider": a run that
     spends its time waiting on the network, as real syncs do, for bench/fleet.py."""
 
@@ -79,7 +78,6 @@ class WaitConnector(Connector):
 
     def read(self, table: Table) -> Iterator[Any]:
         config = self.context.config
-        assert isinstance(config, WaitConfig)
         if config.ms > 0:
             self.context.sleep(config.ms / 1000)
         return iter(())

@@ -137,11 +137,20 @@ PARAMS = {
 
 
 def claim_query(version: str) -> Any:
-    """The worker's claim statement: ``claim_run`` (walks every due run) or ``claim_run_v3``
-    (the index of unparked runs, 0013_lane_parking.sql)."""
+    """The worker's claim statement ``claim_run`` (over ``claim_run_v3``: the index of unparked
+    runs, 0013_lane_parking.sql), or for ``v1`` the same statement over ``claim_run_v2``, the
+    claim of the previous release, which walks every due run."""
+    from psycopg import sql
+
     from sync.queries import QUERIES
 
-    return getattr(QUERIES, "claim_run_v3" if version == "v3" else "claim_run")
+    if version == "v3":
+        return QUERIES.claim_run
+    text = QUERIES._by_name["claim_run"].text.replace(
+        "claim_run_v3(%(worker_id)s, %(lease)s, %(providers)s::text[], %(wakeable)s)",
+        "claim_run_v2(%(worker_id)s, %(lease)s, %(providers)s::text[])",
+    )
+    return sql.SQL(text)  # type: ignore[arg-type]
 
 
 def claim_latencies(
@@ -293,7 +302,7 @@ def main() -> None:
             results.append(
                 {
                     "history": label.strip(),
-                    "claim": "claim_run_v3" if version == "v3" else "claim_run",
+                    "claim": "claim_run_v3" if version == "v3" else "claim_run_v2",
                     "runs_in_table": finished,
                     "p50_ms": p50,
                     "p95_ms": percentile(timings, 95),
@@ -324,10 +333,10 @@ def main() -> None:
                 # was declared before ROWS 1, when the outer join to connections was planned for
                 # the 1,000 rows a set-returning function is assumed to return.
                 with connect(url) as conn:
-                    conn.execute("ALTER FUNCTION claim_run(text, interval, text[]) ROWS 1000")
+                    conn.execute("ALTER FUNCTION claim_run_v2(text, interval, text[]) ROWS 1000")
                 measure("  the same, claim_run() at ROWS 1000 (before 0f8ce44)", have)
                 with connect(url) as conn:
-                    conn.execute("ALTER FUNCTION claim_run(text, interval, text[]) ROWS 1")
+                    conn.execute("ALTER FUNCTION claim_run_v2(text, interval, text[]) ROWS 1")
                 with connect(url) as conn:
                     exec_all(conn, NOT_DUE_UNDO)
                 for count in blocked_sizes:

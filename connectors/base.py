@@ -6,7 +6,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
-from typing import Any, BinaryIO, ClassVar
+from typing import Any, BinaryIO, ClassVar, Generic, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict
 
@@ -112,10 +112,18 @@ class NoConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Connector:
-    """Subclass this, set ``provider``, ``tables`` and ``config_model`` (and, if you like,
-    ``credentials_model``), implement ``read``, and register the class with
-    :func:`connectors.register` or an entry point."""
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+class Connector(Generic[ConfigT]):
+    """Subclass this as ``Connector[MyConfig]``, set ``provider``, ``tables`` and
+    ``config_model = MyConfig`` (and, if you like, ``credentials_model``), implement ``read``,
+    and register the class with :func:`connectors.register` or an entry point.
+
+    ``self.context.config`` (and the ``config`` that :meth:`budget_key` gets) is then typed as
+    ``MyConfig``: the engine validates the connection's config with ``config_model`` before it
+    makes the connector, and a class whose ``config_model`` is not the model it names in
+    brackets is refused when it is defined."""
 
     provider: ClassVar[str]
     tables: ClassVar[Sequence[Table]] = ()
@@ -125,11 +133,23 @@ class Connector:
     engine refuses credentials that do not validate when a connection is created or given new
     ones; None accepts any."""
 
-    def __init__(self, context: ConnectorContext) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in cls.__dict__.get("__orig_bases__", ()):
+            if get_origin(base) is not Connector:
+                continue
+            (model,) = get_args(base)
+            if isinstance(model, type) and not issubclass(cls.config_model, model):
+                raise TypeError(
+                    f"{cls.__name__} is a Connector[{model.__name__}] but its config_model is "
+                    f"{cls.config_model.__name__}: set config_model = {model.__name__}"
+                )
+
+    def __init__(self, context: ConnectorContext[ConfigT]) -> None:
         self.context = context
 
     @classmethod
-    def budget_key(cls, config: BaseModel, credentials: Mapping[str, Any]) -> str | None:
+    def budget_key(cls, config: ConfigT, credentials: Mapping[str, Any]) -> str | None:
         """The rate budget this connection draws on (the token, the OAuth app, the tenant), or
         None if it shares none. Connections with one key are throttled together across workers.
         The engine stores only a hash of the key."""

@@ -6,9 +6,11 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
+
+ConfigT_co = TypeVar("ConfigT_co", bound=BaseModel, covariant=True)
 
 
 @dataclass(frozen=True)
@@ -63,11 +65,13 @@ class RequestContext(Protocol):
         ...
 
 
-class ConnectorContext(RequestContext, Protocol):
-    """The connection a connector reads for, and the engine services it may use."""
+class ConnectorContext(RequestContext, Protocol[ConfigT_co]):
+    """The connection a connector reads for, and the engine services it may use. Generic over
+    the connector's config model: ``ConnectorContext[GitHubConfig].config`` is a
+    ``GitHubConfig``."""
 
     @property
-    def config(self) -> BaseModel:
+    def config(self) -> ConfigT_co:
         """The connection's config, validated by the connector's ``config_model``."""
         ...
 

@@ -145,7 +145,7 @@ def spent_until(response: httpx.Response, now: datetime) -> datetime | None:
     return None if wait is None else now + timedelta(seconds=wait)
 
 
-class GitHubConnector(Connector):
+class GitHubConnector(Connector[GitHubConfig]):
     provider = "github"
     tables = (
         Table("issues", mode=Mode.INCREMENTAL, shifting=True, complete_every=DAILY),
@@ -154,10 +154,9 @@ class GitHubConnector(Connector):
     config_model = GitHubConfig
     credentials_model = TokenCredentials
 
-    def __init__(self, context: ConnectorContext) -> None:
+    def __init__(self, context: ConnectorContext[GitHubConfig]) -> None:
         super().__init__(context)
         config = context.config
-        assert isinstance(config, GitHubConfig)
         self.config = config
         self._http = HttpClient(
             context,
@@ -169,10 +168,9 @@ class GitHubConnector(Connector):
         )
 
     @classmethod
-    def budget_key(cls, config: BaseModel, credentials: Mapping[str, Any]) -> str | None:
+    def budget_key(cls, config: GitHubConfig, credentials: Mapping[str, Any]) -> str | None:
         # GitHub's budget belongs to the token (on one GitHub host). Only a digest of it leaves
         # here: the engine hashes the key again, but a key must never be a secret.
-        assert isinstance(config, GitHubConfig)
         token = str(credentials.get("token") or "")
         if not token:
             return None

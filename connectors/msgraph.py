@@ -116,16 +116,15 @@ def resync_code(response: httpx.Response) -> str:
         return "gone"
 
 
-class GraphDriveConnector(Connector):
+class GraphDriveConnector(Connector[GraphDriveConfig]):
     provider = "msgraph_drive"
     tables = (Table("drive_items", "id", Mode.INCREMENTAL, files=True),)
     config_model = GraphDriveConfig
     credentials_model = OAuth2ClientCredentials
 
-    def __init__(self, context: ConnectorContext) -> None:
+    def __init__(self, context: ConnectorContext[GraphDriveConfig]) -> None:
         super().__init__(context)
         config = context.config
-        assert isinstance(config, GraphDriveConfig)
         self.config = config
         self._http = HttpClient(
             context,
@@ -140,10 +139,9 @@ class GraphDriveConnector(Connector):
         )
 
     @classmethod
-    def budget_key(cls, config: BaseModel, credentials: Mapping[str, Any]) -> str | None:
+    def budget_key(cls, config: GraphDriveConfig, credentials: Mapping[str, Any]) -> str | None:
         # Graph throttles SharePoint/OneDrive per app per tenant: connections of one app in one
         # tenant share a budget, other apps or tenants do not.
-        assert isinstance(config, GraphDriveConfig)
         app = str(credentials.get("client_id") or "")
         return f"tenant:{config.tenant_id.lower()}/app:{app}"
 

@@ -115,7 +115,7 @@ def _int_header(response: httpx.Response, name: str) -> int | None:
         return None
 
 
-class ProcoreConnector(Connector):
+class ProcoreConnector(Connector[ProcoreConfig]):
     provider = "procore"
     tables = (
         Table("companies", shifting=True),
@@ -125,10 +125,9 @@ class ProcoreConnector(Connector):
     config_model = ProcoreConfig
     credentials_model = OAuth2RefreshCredentials
 
-    def __init__(self, context: ConnectorContext) -> None:
+    def __init__(self, context: ConnectorContext[ProcoreConfig]) -> None:
         super().__init__(context)
         config = context.config
-        assert isinstance(config, ProcoreConfig)
         self.config = config
         self._http = HttpClient(
             context,
@@ -142,10 +141,9 @@ class ProcoreConnector(Connector):
         self._project_ids: list[str] | None = None
 
     @classmethod
-    def budget_key(cls, config: BaseModel, credentials: Mapping[str, Any]) -> str | None:
+    def budget_key(cls, config: ProcoreConfig, credentials: Mapping[str, Any]) -> str | None:
         # Procore counts requests per OAuth app (client id): every connection of one app, for
         # any company or user, draws on it.
-        assert isinstance(config, ProcoreConfig)
         app = str(credentials.get("client_id") or "")
         return f"app:{config.base_url}/{app}" if app else None
 

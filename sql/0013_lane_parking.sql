@@ -357,8 +357,9 @@ $$;
 
 -- finish_run_v3: finish_run() (0002_queue_functions.sql) with the wake-up of
 -- wake_for_freed_lane_v3 instead of every idle worker. p_wake: false when the caller claims next
--- in the same transaction (finish_and_claim_v3), which wakes after its claim. Fenced as
--- finish_run().
+-- in the same transaction (finish_and_claim_v3), which wakes after its claim. Fenced by
+-- run_fence_v1 (0012_fence_and_versions.sql), as finish_run_v2(): a stale owner's finish
+-- matches nothing and returns NULL.
 CREATE FUNCTION finish_run_v3(p_run_id bigint, p_lease_owner uuid, p_status text, p_results jsonb,
                               p_error jsonb, p_processed_units bigint, p_disconnect boolean,
                               p_wake boolean DEFAULT true)
@@ -373,8 +374,7 @@ BEGIN
        SET status = p_status, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
            results = p_results, error = p_error,
            processed_units = coalesce(p_processed_units, processed_units)
-     WHERE id = p_run_id AND lease_owner = p_lease_owner AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, p_run_id, p_lease_owner)
     RETURNING * INTO v_run;
     IF NOT FOUND THEN
         RETURN NULL;

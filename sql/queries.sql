@@ -6,28 +6,27 @@
 -- "Fenced" means the statement writes only while the run row still names this claim's lease
 -- owner, is running and its lease is live; it locks that row until commit, so no claim can
 -- take the run between the check and the write. A stale worker's fenced write matches nothing.
+-- The fence is written once, as run_fence_v1(run_row, run_id, lease_owner) (see
+-- 0012_fence_and_versions.sql), which the planner inlines into the four conditions it stands
+-- for; each fenced statement below says it with that function and takes the row lock itself.
+-- The functions called here are versioned (claim_run_v2, ...): see "Upgrading" in
+-- docs/operations.md.
 
 
 -- name: enqueue_run
--- Queues a sync of an active connection, or returns the run already queued/running for it; wakes
--- one worker that can run it (see enqueue_run_v3() in 0013_lane_parking.sql).
+-- Queues a sync of an active connection, or returns the run already queued/running for it;
+-- wakes one worker that can run it, none if the new run is parked behind a busy lane (see
+-- enqueue_run_v3() in 0013_lane_parking.sql). Invariant: one queued/running run per connection.
 SELECT * FROM enqueue_run_v3(%(connection_id)s, %(workspace_id)s, %(trigger)s, %(max_attempts)s);
 
 -- name: claim_run
--- Claims the oldest claimable run this worker can execute (see claim_run() in
--- 0005_worker_providers_and_repairs.sql: a sync only of a provider in `providers`) and returns it
--- with what the executor needs of its connection and its tables' cursors, in one round trip.
-SELECT r.*, c.name AS connection_name, c.status AS connection_status, c.config,
-       c.credentials,
-       (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
-         WHERE s.connection_id = r.connection_id AND s.cursor IS NOT NULL) AS cursors
-  FROM claim_run(%(worker_id)s, %(lease)s, %(providers)s::text[]) r
-  LEFT JOIN connections c ON c.id = r.connection_id;
-
--- name: claim_run_v3
--- claim_run over the index of unparked runs (see claim_run_v3() in 0013_lane_parking.sql): runs
--- queued behind a busy lane are never walked. `wakeable`: this worker listens on its own channel,
--- and an empty claim marks it idle so that one enqueue wakes it alone.
+-- Claims the oldest claimable run this worker can execute (see claim_run_v3() in
+-- 0013_lane_parking.sql: a sync only of a provider in `providers`, walking only the index of
+-- unparked runs, so runs queued behind a busy lane cost the claim nothing) and returns it with
+-- what the executor needs of its connection and its tables' cursors, in one round trip. The
+-- limiter's invariant and its re-check under the workspace lock are those of claim_run_v2().
+-- `wakeable`: this worker listens on its own channel; an empty claim marks it idle so that one
+-- enqueue wakes it alone.
 SELECT r.*, c.name AS connection_name, c.status AS connection_status, c.config,
        c.credentials,
        (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
@@ -43,8 +42,7 @@ SELECT r.*, c.name AS connection_name, c.status AS connection_status, c.config,
 WITH renewed AS (
     UPDATE connection_runs
        SET lease_expires_at = now() + %(lease)s
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
     RETURNING lease_owner, lease_expires_at
 ), noted AS (
     UPDATE run_attempts a SET lease_expires_at = renewed.lease_expires_at
@@ -60,8 +58,7 @@ SELECT r.cancel_requested_at IS NOT NULL AS cancel_requested,
        (SELECT b.blocked_until FROM rate_budgets b
          WHERE b.key = r.budget_key AND b.blocked_until > now()) AS budget_blocked_until
   FROM connection_runs r
- WHERE r.id = %(run_id)s AND r.lease_owner = %(lease_owner)s AND r.status = 'running'
-   AND r.lease_expires_at > now();
+ WHERE run_fence_v1(r, %(run_id)s, %(lease_owner)s);
 
 -- name: block_rate_budget
 -- Records that a rate budget is spent until a time. Never shortens a block already recorded.
@@ -78,8 +75,7 @@ ON CONFLICT (key) DO UPDATE
 -- two runs never spend one single-use refresh token, and a stale worker never refreshes.
 WITH fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 )
 SELECT c.credentials FROM connections c, fence
@@ -105,34 +101,18 @@ UPDATE connections
 RETURNING *;
 
 -- name: finish_run
--- Seals a run (see finish_run() in 0002_queue_functions.sql). Fenced: a stale owner's finish
--- matches nothing and returns false.
-SELECT finish_run(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
-                  %(processed_units)s, %(disconnect)s) AS sealed;
-
--- name: finish_and_claim
--- The worker loop's one round trip between two runs: seals the run it just executed, then
--- claims the next (see finish_and_claim()). Returns whether the finish sealed, and the claimed
--- run (all NULL when there is none) with the same extras as claim_run.
-SELECT f.sealed, (f.claimed).*, c.name AS connection_name,
-       c.status AS connection_status, c.config, c.credentials,
-       (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
-         WHERE s.connection_id = (f.claimed).connection_id AND s.cursor IS NOT NULL) AS cursors
-  FROM finish_and_claim(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
-                        %(processed_units)s, %(disconnect)s, %(worker_id)s, %(lease)s,
-                        %(providers)s::text[]) f
-  LEFT JOIN connections c ON c.id = (f.claimed).connection_id;
-
--- name: finish_run_v3
--- finish_run, waking one worker only if the finish made a run claimable (see finish_run_v3() in
--- 0013_lane_parking.sql). Fenced: a stale owner's finish matches nothing and returns false.
+-- Seals a run (see finish_run_v3() in 0013_lane_parking.sql), waking one worker only if the
+-- finish made a run claimable (the lane's next sync, a purge waiting for this run). Fenced: a
+-- stale owner's finish matches nothing and returns false.
 SELECT f.id IS NOT NULL AS sealed
   FROM finish_run_v3(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
                      %(processed_units)s, %(disconnect)s) f;
 
--- name: finish_and_claim_v3
--- finish_and_claim over claim_run_v3 and finish_run_v3: the one round trip between two runs,
--- waking another worker only for a run this one did not take itself.
+-- name: finish_and_claim
+-- The worker loop's one round trip between two runs: seals the run it just executed, then
+-- claims the next (see finish_and_claim_v3()), waking another worker only for a run this one
+-- did not take itself. Returns whether the finish sealed, and the claimed run (all NULL when
+-- there is none) with the same extras as claim_run.
 SELECT f.sealed, (f.claimed).*, c.name AS connection_name,
        c.status AS connection_status, c.config, c.credentials,
        (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
@@ -155,8 +135,7 @@ WITH run AS (
                 OR EXISTS (SELECT 1 FROM connections c
                             WHERE c.id = r.connection_id AND c.status = 'active')) AS may_retry
       FROM connection_runs r
-     WHERE r.id = %(run_id)s AND r.lease_owner = %(lease_owner)s AND r.status = 'running'
-       AND r.lease_expires_at > now()
+     WHERE run_fence_v1(r, %(run_id)s, %(lease_owner)s)
        FOR NO KEY UPDATE
 ), moved AS (
     UPDATE connection_runs r
@@ -194,8 +173,7 @@ WITH run AS (
                         WHERE c.id = r.connection_id AND c.status = 'active') AS may_retry,
            now() + make_interval(secs => %(delay_seconds)s) AS until
       FROM connection_runs r
-     WHERE r.id = %(run_id)s AND r.lease_owner = %(lease_owner)s AND r.status = 'running'
-       AND r.lease_expires_at > now()
+     WHERE run_fence_v1(r, %(run_id)s, %(lease_owner)s)
        FOR NO KEY UPDATE
 ), moved AS (
     UPDATE connection_runs r
@@ -230,8 +208,7 @@ WITH moved AS (
     UPDATE connection_runs
        SET status = 'queued', attempts = attempts - 1, queued_at = now(),
            lease_owner = NULL, lease_expires_at = NULL, results = %(results)s
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
     RETURNING id
 ), attempt AS (
     UPDATE run_attempts
@@ -249,8 +226,7 @@ SELECT (SELECT count(*) FROM moved) AS moved, (SELECT count(*) FROM woken) AS wo
 WITH saved AS (
     UPDATE connection_runs
        SET results = %(results)s
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
     RETURNING id
 ), attempt AS (
     UPDATE run_attempts SET results = %(attempt_results)s
@@ -355,8 +331,7 @@ WITH async AS (
     UPDATE connection_runs
        SET processed_units = processed_units + cardinality(%(external_ids)b::text[]),
            progress = %(progress)s, total_units = %(total_units)s
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
     RETURNING id
 ), incoming AS (
     SELECT i.external_id, i.data, i.content_hash
@@ -433,8 +408,7 @@ WITH async AS (
 ), fence AS (
     UPDATE connection_runs
        SET progress = %(progress)s, total_units = %(total_units)s
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
     RETURNING id
 ), checkpoint AS (
     INSERT INTO run_checkpoints AS c (run_id, table_name, partition, position, done, resync,
@@ -474,8 +448,7 @@ SELECT (SELECT coalesce(sum(seen), 0) FROM run_checkpoints
 -- partition's stay (they can only keep rows, never tombstone one). Fenced.
 WITH fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 ), checkpoints AS (
     DELETE FROM run_checkpoints
@@ -500,8 +473,7 @@ WITH async AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ), fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 ), gone AS (
     UPDATE records
@@ -524,8 +496,7 @@ WITH async AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ), fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 ), gone AS (
     UPDATE records
@@ -551,23 +522,23 @@ SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM async) AS a
 
 -- name: tombstone_unseen
 -- One bounded step of a table's tombstone pass, after the table (or some of its partitions) was
--- read completely in this run (see tombstone_unseen() in 0004_resumable_syncs.sql). Fenced.
-SELECT * FROM tombstone_unseen(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
-                               %(partitions)s, %(after)s, %(limit)s);
+-- read completely in this run (see tombstone_unseen_v2() in 0012_fence_and_versions.sql).
+-- Fenced.
+SELECT * FROM tombstone_unseen_v2(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
+                                     %(partitions)s, %(after)s, %(limit)s);
 
 -- name: unseen_rows
 -- One bounded step of the same candidates, read only, for a table whose listing can shift: its
--- connector confirms them before anything is tombstoned (see unseen_rows()).
-SELECT * FROM unseen_rows(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
-                          %(partitions)s, %(after)s, %(limit)s);
+-- connector confirms them before anything is tombstoned (see unseen_rows_v2()).
+SELECT * FROM unseen_rows_v2(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
+                             %(partitions)s, %(after)s, %(limit)s);
 
 -- name: complete_table
 -- The end of a table's tombstone pass: stamps last_full_sync_at when every partition was read
 -- completely, and drops the table's seen keys, which nothing reads any more. Fenced.
 WITH fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 ), stamped AS (
     INSERT INTO table_state (connection_id, table_name, last_full_sync_at)
@@ -592,8 +563,7 @@ WITH async AS (
     SELECT set_config('synchronous_commit', 'off', true)
 ), fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 )
 INSERT INTO table_state AS s (connection_id, table_name, cursor)
@@ -620,8 +590,7 @@ DELETE FROM run_seen_keys WHERE run_id = %(run_id)s;
 WITH fence AS (
     UPDATE connection_runs
        SET processed_units = %(processed_units)s
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
     RETURNING id
 ), doomed AS (
     SELECT table_name, external_id FROM records
@@ -641,8 +610,7 @@ SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM gone) AS de
 -- Its runs keep their history with connection_id set NULL. Fenced.
 WITH fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 ), gone AS (
     DELETE FROM connections c
@@ -815,7 +783,7 @@ UPDATE connections
 RETURNING *;
 
 -- name: delete_connection
-SELECT * FROM delete_connection(%(connection_id)s, %(workspace_id)s, %(max_attempts)s);
+SELECT * FROM delete_connection_v2(%(connection_id)s, %(workspace_id)s, %(max_attempts)s);
 
 -- name: list_runs
 -- Newest first. A connection's runs are found by its id after it was deleted too.
@@ -879,8 +847,7 @@ SELECT etag, headers, body FROM http_cache
 -- Fenced like every write a run makes.
 WITH fence AS (
     SELECT id FROM connection_runs
-     WHERE id = %(run_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 )
 INSERT INTO http_cache (connection_id, url_hash, etag, headers, body)

@@ -5,9 +5,19 @@ writer all listen to it."""
 from __future__ import annotations
 
 import threading
+from enum import StrEnum
 
 from connectors.errors import Aborted
-from sync.retry_policy import AbortReason
+
+
+class AbortReason(StrEnum):
+    """Why a run (or any leased job) was stopped before it ended by itself."""
+
+    CANCELLED = "cancelled"
+    LEASE_LOST = "lease_lost"
+    TIMEOUT = "timeout"
+    SHUTDOWN = "shutdown"
+
 
 # When two reasons race, the stronger one is kept: a lost lease forbids any further write, and
 # a cancel request outranks a shutdown (the user asked for the run to end, not to come back).

@@ -23,10 +23,10 @@ from pydantic import ValidationError
 import connectors
 from connectors.base import Connector
 from sync import redact
+from sync.budgets import budget_key_of
 from sync.db import Pool, describe, open_pool
 from sync.embedded import data_dir, embedded_url
 from sync.errors import Conflict, InvalidInput, NotFound, describe_validation_error
-from sync.executor import budget_key_of
 from sync.ingestions.api import IngestionsApi
 from sync.job_lanes import install_handlers
 from sync.migrations import Migration, check_schema, grant, migrate
@@ -44,6 +44,8 @@ from sync.queues.postgres import PostgresQueues
 from sync.secrets import SecretBox
 from sync.services.cleaner import PruneReport, RetentionRules, prune
 from sync.settings import Settings
+from sync.store import RunStore
+from sync.vocabulary import ConnectionStatus, RunKind, RunStatus
 from sync.worker import Worker
 
 log = logging.getLogger("sync")
@@ -65,6 +67,8 @@ class Engine(IngestionsApi):
         self.database = describe_database(self.settings, database_url)
         self.url = database_url or self.settings.database_url or embedded_url(self.settings.home)
         self.pool: Pool = open_pool(self.settings, self.url, size=pool_size)
+        # The typed statements of the runs path (sync.store), on the same pool.
+        self.store = RunStore(self.pool)
         self._secrets: SecretBox | None = None
         self._workspace_id: int | None = None
         self._queues: PostgresQueues | None = None
@@ -164,16 +168,11 @@ class Engine(IngestionsApi):
                 QUERIES.connections_of_workspace, {"workspace_id": current.id}
             ).fetchall()
             for row in ids:
-                purge = conn.execute(
-                    QUERIES.delete_connection,
-                    {
-                        "connection_id": row["id"],
-                        "workspace_id": current.id,
-                        "max_attempts": self.settings.max_attempts,
-                    },
-                ).fetchone()
+                purge = self.store.delete_connection(
+                    row["id"], current.id, self.settings.max_attempts, conn=conn
+                )
                 if purge is not None:
-                    purges.append(Run.from_row(purge))
+                    purges.append(purge)
         return purges
 
     # -- connections -----------------------------------------------------------------------
@@ -328,16 +327,24 @@ class Engine(IngestionsApi):
 
     def pause(self, connection_id: int) -> Connection:
         """No scheduled or manual syncs until it is resumed."""
-        return self._set_status(connection_id, "paused", ["active", "paused"])
+        return self._set_status(
+            connection_id,
+            ConnectionStatus.PAUSED,
+            [ConnectionStatus.ACTIVE, ConnectionStatus.PAUSED],
+        )
 
     def resume(self, connection_id: int, *, force: bool = False) -> Connection:
         """Resume a paused connection (its schedule restarts from now). A disconnected one (the
         provider refused its credentials) needs new credentials (:meth:`update_connection`),
         or ``force`` to try the refused ones again."""
-        allowed = ["paused", "active"] + (["disconnected"] if force else [])
-        return self._set_status(connection_id, "active", allowed)
+        allowed = [ConnectionStatus.PAUSED, ConnectionStatus.ACTIVE]
+        if force:
+            allowed.append(ConnectionStatus.DISCONNECTED)
+        return self._set_status(connection_id, ConnectionStatus.ACTIVE, allowed)
 
-    def _set_status(self, connection_id: int, status: str, allowed: list[str]) -> Connection:
+    def _set_status(
+        self, connection_id: int, status: ConnectionStatus, allowed: list[ConnectionStatus]
+    ) -> Connection:
         row = self._maybe(
             QUERIES.set_connection_status,
             connection_id=connection_id,
@@ -347,7 +354,7 @@ class Engine(IngestionsApi):
         )
         if row is None:
             current = self.connection(connection_id)  # raises NotFound
-            if current.status == "disconnected":
+            if current.status == ConnectionStatus.DISCONNECTED:
                 raise Conflict(
                     f"connection {connection_id} is disconnected: the provider refused its "
                     "credentials; give it new ones (`connector-sync connections update "
@@ -360,93 +367,79 @@ class Engine(IngestionsApi):
     def delete_connection(self, connection_id: int) -> Run:
         """Mark the connection deleting and queue its purge (behind a sync still running).
         Returns the purge run; the connection row disappears when it succeeds."""
-        row = self._maybe(
-            QUERIES.delete_connection,
-            connection_id=connection_id,
-            workspace_id=self._workspace_id,
-            max_attempts=self.settings.max_attempts,
+        purge = self.store.delete_connection(
+            connection_id, self._workspace_id, self.settings.max_attempts
         )
-        if row is None:
+        if purge is None:
             raise NotFound(f"no connection {connection_id}")
-        return Run.from_row(row)
+        return purge
 
     # -- runs ------------------------------------------------------------------------------
 
     def sync(self, connection_id: int, *, trigger: str = "manual") -> Run:
         """Queue a sync now, or return the one already queued or running."""
-        row = self._maybe(
-            QUERIES.enqueue_run,
-            connection_id=connection_id,
-            workspace_id=self._workspace_id,
-            trigger=trigger,
-            max_attempts=self.settings.max_attempts,
+        queued = self.store.enqueue(
+            connection_id, self._workspace_id, trigger, self.settings.max_attempts
         )
-        if row is None:
+        if queued is None:
             current = self.connection(connection_id)  # raises NotFound
             raise Conflict(
                 f"connection {connection_id} is {current.status}; only an active connection "
-                "syncs" + (" (resume it first)" if current.status == "paused" else "")
+                "syncs"
+                + (" (resume it first)" if current.status == ConnectionStatus.PAUSED else "")
             )
-        return Run.from_row(row)
+        return queued
 
     def cancel_run(self, run_id: int) -> Run:
         """Cancel a queued run at once, or ask a running one to stop (it keeps its results)."""
-        row = self._maybe(QUERIES.cancel_run, run_id=run_id, workspace_id=self._workspace_id)
-        if row is None:
+        cancelled = self.store.cancel(run_id, self._workspace_id)
+        if cancelled is None:
             run = self.run(run_id)  # raises NotFound
-            if run.kind == "purge":
+            if run.kind == RunKind.PURGE:
                 raise Conflict(f"run {run_id} is a purge; a purge cannot be cancelled")
             raise Conflict(
                 f"run {run_id} {_state(run)}; only a queued or running run can be cancelled"
             )
-        return Run.from_row(row)
+        return cancelled
 
     def retry_run(self, run_id: int) -> Run:
         """Put a dead-lettered (failed) run back in the queue with a fresh set of attempts."""
         try:
-            row = self._maybe(
-                QUERIES.retry_run,
-                run_id=run_id,
-                workspace_id=self._workspace_id,
-                max_attempts=self.settings.max_attempts,
-            )
+            retried = self.store.retry(run_id, self._workspace_id, self.settings.max_attempts)
         except psycopg.errors.UniqueViolation:
             raise Conflict(
                 f"run {run_id}'s connection already has a queued or running run"
             ) from None
-        if row is None:
+        if retried is None:
             run = self.run(run_id)
-            if run.status != "failed":
+            if run.status != RunStatus.FAILED:
                 raise Conflict(f"run {run_id} {_state(run)}; only a failed run can be retried")
             raise Conflict(f"run {run_id}'s connection is not active, so it cannot sync")
-        return Run.from_row(row)
+        return retried
 
     def runs(
         self,
         *,
         connection_id: int | None = None,
-        status: str | None = None,
+        status: RunStatus | None = None,
         workspace_id: int | None = None,
         limit: int = 50,
     ) -> list[Run]:
-        rows = self._all(
-            QUERIES.list_runs,
+        return self.store.list_runs(
             workspace_id=self._scope(workspace_id),
             connection_id=connection_id,
             status=status,
             limit=limit,
         )
-        return [Run.from_row(r) for r in rows]
 
     def run(self, run_id: int) -> Run:
-        row = self._maybe(QUERIES.get_run, run_id=run_id, workspace_id=self._workspace_id)
-        if row is None:
+        found = self.store.get_run(run_id, self._workspace_id)
+        if found is None:
             raise NotFound(f"no run {run_id}")
-        return Run.from_row(row)
+        return found
 
     def attempts(self, run_id: int) -> list[Attempt]:
-        rows = self._all(QUERIES.list_attempts, run_id=run_id, workspace_id=self._workspace_id)
-        return [Attempt.from_row(r) for r in rows]
+        return self.store.attempts(run_id, self._workspace_id)
 
     def records(
         self,

@@ -10,13 +10,11 @@ delete live rows. Such a table is read again from its start instead."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
-
-from sync.queries import QUERIES
+from sync.store import SliceRow
 
 
 @dataclass(frozen=True)
@@ -31,31 +29,23 @@ class SliceCheckpoint:
     total: int | None
     seen: int  # keys put in run_seen_keys
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> SliceCheckpoint:
-        return cls(
-            position=row["position"],
-            done=row["done"],
-            resync=row["resync"],
-            pages=row["pages"],
-            records=row["records"],
-            total=row["total"],
-            seen=row["seen"],
-        )
-
 
 class RunCheckpoints:
     """The checkpoints of one run, by table and partition ('' for a table read whole)."""
 
-    def __init__(self, rows: Iterable[Mapping[str, Any]] = ()) -> None:
+    def __init__(self, rows: Iterable[SliceRow] = ()) -> None:
         self._slices: dict[str, dict[str, SliceCheckpoint]] = {}
         for row in rows:
-            table = self._slices.setdefault(row["table_name"], {})
-            table[row["partition"]] = SliceCheckpoint.from_row(row)
-
-    @classmethod
-    def load(cls, conn: psycopg.Connection[Any], run_id: int) -> RunCheckpoints:
-        return cls(conn.execute(QUERIES.run_checkpoints, {"run_id": run_id}).fetchall())
+            table = self._slices.setdefault(row.table_name, {})
+            table[row.partition] = SliceCheckpoint(
+                position=row.position,
+                done=row.done,
+                resync=row.resync,
+                pages=row.pages,
+                records=row.records,
+                total=row.total,
+                seen=row.seen,
+            )
 
     def of(self, table: str) -> dict[str, SliceCheckpoint]:
         return self._slices.get(table, {})
@@ -86,10 +76,3 @@ class RunCheckpoints:
             total=previous.total if previous else None,
             seen=previous.seen if previous else 0,
         )
-
-
-def seen_keys_intact(conn: psycopg.Connection[Any], run_id: int, table: str) -> bool:
-    """Whether every key the run's checkpoints counted for ``table`` is still in
-    run_seen_keys."""
-    row = conn.execute(QUERIES.check_seen_keys, {"run_id": run_id, "table_name": table}).fetchone()
-    return row is not None and row["present"] >= row["saved"]

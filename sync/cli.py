@@ -78,6 +78,7 @@ from sync.database_url import describe
 from sync.models import Attempt, Run
 from sync.progress import describe as describe_where
 from sync.retry_policy import ordinal
+from sync.vocabulary import RunKind, RunStatus, TableStatus
 
 __all__ = ["app", "cli_documents", "cli_operate", "cli_queues", "cli_tenants", "main"]
 
@@ -108,9 +109,13 @@ def sync_command(
     if as_json:
         emit_json(run.to_json())
     elif not wait:
-        verb = "queued" if run.status == "queued" and run.attempts == 0 else "already " + run.status
+        verb = (
+            "queued"
+            if run.status == RunStatus.QUEUED and run.attempts == 0
+            else "already " + run.status
+        )
         stdout().print(f"run #{run.id} {verb} for connection {connection_id}")
-    if wait and run.status != "succeeded":
+    if wait and run.status != RunStatus.SUCCEEDED:
         session.announce()
         raise typer.Exit(RUN_FAILED)
 
@@ -123,7 +128,11 @@ def table_count(provider: str) -> int | None:
 
 
 def tables_done(run: Run) -> int:
-    return sum(1 for r in run.results.values() if r.get("status") in ("succeeded", "failed"))
+    return sum(
+        1
+        for r in run.results.values()
+        if r.get("status") in (TableStatus.SUCCEEDED, TableStatus.FAILED)
+    )
 
 
 def describe_progress(
@@ -138,7 +147,7 @@ def describe_progress(
     ``workers_able``: how many live workers have the run's provider installed. Without
     ``countdown`` a retry says when it starts rather than in how many seconds, so that the line
     changes only when the run's state does (output without a terminal prints each change)."""
-    if run.status == "queued":
+    if run.status == RunStatus.QUEUED:
         if run.waits and run.waiting_until is not None and run.waiting_until > now:
             until = run.waiting_until.astimezone(UTC)
             clock = (
@@ -154,19 +163,19 @@ def describe_progress(
             )
         if workers_alive == 0:
             return "queued; no worker is running: start one with `connector-sync worker`"
-        if workers_able == 0 and run.kind == "sync":
+        if workers_able == 0 and run.kind == RunKind.SYNC:
             return (
                 f"queued; no live worker has the {run.provider} connector: start a worker where "
                 "its package is installed (workers load connectors when they start)"
             )
         return "queued, waiting for a worker"
-    if run.status == "running":
+    if run.status == RunStatus.RUNNING:
         text = f"running attempt {run.attempts} of {run.max_attempts}"
         if run.cancel_requested_at is not None:
             text += ", cancel requested"
         where = describe_where(run.progress)
         return f"{text}: {where}" if where else text
-    if run.status == "waiting":
+    if run.status == RunStatus.WAITING:
         return "waiting behind the sync still running"
     error = error_text(run.error, status=run.status)
     return run.status + (f": {error}" if error else "")
@@ -232,7 +241,7 @@ def follow_run(
             )
             # The bar follows the table being read when the provider said its size.
             at = run.progress or {}
-            if run.status == "running" and at.get("total"):
+            if run.status == RunStatus.RUNNING and at.get("total"):
                 done, of = at.get("records", 0), at["total"]
                 unit = f"{at['table']} records"
             else:
@@ -258,12 +267,12 @@ def print_results(out: Console, run: Run) -> None:
     style = STATUS_STYLE.get(run.status, "")
     ended = Text(f"run #{run.id} {run.status}", style=style)
     tries = f"{run.attempts} attempt" + ("" if run.attempts == 1 else "s")
-    if run.kind == "purge":
+    if run.kind == RunKind.PURGE:
         ended.append(f" after {tries}: {run.processed_units} records purged")
     else:
         ended.append(f" after {tries}: {counts_text(run.results)}")
     out.print(ended)
-    if run.error and run.status != "cancelled":
+    if run.error and run.status != RunStatus.CANCELLED:
         out.print(Text(error_text(run.error, status=run.status), overflow="fold"))
     elif run.error:
         out.print(Text(f"({error_text(run.error, status=run.status)})", overflow="fold"))
@@ -330,7 +339,12 @@ def runs_list(
         fail(f"--status must be one of {', '.join(RUN_STATUSES)}")
     with open_engine() as engine:
         ws = workspace_id(engine, workspace) if workspace else None
-        found = engine.runs(connection_id=connection, status=status, workspace_id=ws, limit=limit)
+        found = engine.runs(
+            connection_id=connection,
+            status=RunStatus(status) if status else None,
+            workspace_id=ws,
+            limit=limit,
+        )
     if as_json:
         emit_json([r.to_json() for r in found])
         return
@@ -401,14 +415,14 @@ def runs_show(run_id: int = RunArg(), as_json: bool = JsonOption) -> None:
         ("started", when(run.started_at)),
         ("finished", when(run.finished_at)),
     ]
-    if run.kind == "purge":
+    if run.kind == RunKind.PURGE:
         rows.append(("records", f"{run.processed_units} purged"))
     else:
         rows.append(("records", counts_text(run.results)))
         rows.append(("read", f"{run.processed_units} records"))
         if run.waits:
             rows.append(("waits", f"{run.waits} for {run.waiting_for}"))
-    if run.status == "running":
+    if run.status == RunStatus.RUNNING:
         rows.append(("lease owner", str(run.lease_owner)))
         rows.append(("lease expires", when(run.lease_expires_at)))
         rows.append(("worker", run.worker_id or "-"))
@@ -436,7 +450,7 @@ def runs_cancel(run_id: int = RunArg(), as_json: bool = JsonOption) -> None:
         run = engine.cancel_run(run_id)
     if as_json:
         emit_json(run.to_json())
-    elif run.status == "cancelled":
+    elif run.status == RunStatus.CANCELLED:
         stdout().print(f"run #{run.id} cancelled")
     else:
         stdout().print(f"run #{run.id} is running: its worker was asked to stop it")

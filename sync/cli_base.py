@@ -14,7 +14,7 @@ import functools
 import json
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn, ParamSpec, TypeVar
@@ -45,6 +45,7 @@ from sync.embedded import data_dir, embedded_url
 from sync.errors import SyncError
 from sync.models import Run, WorkerInfo
 from sync.settings import Settings
+from sync.vocabulary import RunError, RunKind, RunStatus
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -52,7 +53,7 @@ R = TypeVar("R")
 USER_ERROR = 2
 RUN_FAILED = 1
 INTERRUPTED = 130
-RUN_STATUSES = ("waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled")
+RUN_STATUSES = tuple(RunStatus)
 
 
 def _without_type_placeholders(params: Sequence[Any]) -> None:
@@ -298,7 +299,7 @@ def emit_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
 
 
-def brief_error(error: dict[str, Any] | None, limit: int = 70) -> str:
+def brief_error(error: RunError | Mapping[str, Any] | None, limit: int = 70) -> str:
     text = error_text(error)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -350,7 +351,7 @@ def runs_table(runs: list[Run], width: int, title: str | None = None) -> Table:
     rows: list[list[Cell]] = []
     for run in runs:
         c = counts(run.results)
-        synced = run.kind == "sync"
+        synced = run.kind == RunKind.SYNC
         rows.append(
             [
                 f"#{run.id}",

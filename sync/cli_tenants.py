@@ -39,6 +39,7 @@ from sync.console import (
     when,
 )
 from sync.models import Connection
+from sync.vocabulary import ConnectionStatus, RunStatus
 
 # -- workspaces --------------------------------------------------------------------------------
 
@@ -241,7 +242,7 @@ def connections_list(
 
 def _connection_details(c: Connection) -> Table:
     status: Cell = styled(c.status)
-    if c.status == "disconnected":
+    if c.status == ConnectionStatus.DISCONNECTED:
         status = Text.assemble(
             styled(c.status),
             f" (the provider refused its credentials: `connector-sync connections update "
@@ -344,7 +345,7 @@ def connections_update(
         if given
     ]
     line = f"connection {updated.id} {updated.name!r} updated: {', '.join(changed)}"
-    if before.status == "disconnected" and updated.status == "active":
+    if before.status == ConnectionStatus.DISCONNECTED and updated.status == ConnectionStatus.ACTIVE:
         line += "; it is active again"
     stdout().print(line + _schedule_text(updated.schedule_every if every else None))
 
@@ -397,7 +398,7 @@ def connections_delete(connection_id: int = ConnectionArg(), as_json: bool = Jso
     if as_json:
         emit_json(purge.to_json())
         return
-    behind = " behind the sync still running" if purge.status == "waiting" else ""
+    behind = " behind the sync still running" if purge.status == RunStatus.WAITING else ""
     stdout().print(
         f"connection {connection_id} is being deleted: purge run #{purge.id} is "
         f"{purge.status}{behind}"

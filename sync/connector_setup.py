@@ -15,6 +15,7 @@ from connectors.base import Connector
 from sync import redact
 from sync.errors import SecretsError, describe_validation_error
 from sync.secrets import SecretBox
+from sync.vocabulary import ErrorKind, RunError
 
 
 class ConnectorSetupError(Exception):
@@ -24,7 +25,7 @@ class ConnectorSetupError(Exception):
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
-        self.error = {"kind": "config", "message": message}
+        self.error = RunError(ErrorKind.CONFIG, message)
 
 
 def connector_inputs(
@@ -32,7 +33,7 @@ def connector_inputs(
     config: Mapping[str, Any] | None,
     credentials: bytes | None,
     secrets: SecretBox | None,
-) -> tuple[type[Connector], BaseModel, dict[str, Any]]:
+) -> tuple[type[Connector[Any]], BaseModel, dict[str, Any]]:
     """The connector class, validated config and decrypted credentials of a connection."""
     try:
         cls = connectors.get(provider)

@@ -12,7 +12,7 @@ still says which run is which and how it stands.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -22,6 +22,8 @@ from rich.cells import cell_len, chop_cells
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from sync.vocabulary import RunError
 
 Cell = str | Text
 
@@ -98,12 +100,15 @@ def format_every(seconds: float | None) -> str:
 # -- errors -------------------------------------------------------------------------------------
 
 
-def error_text(error: dict[str, Any] | None, *, status: str | None = None) -> str:
+def error_text(error: RunError | Mapping[str, Any] | None, *, status: str | None = None) -> str:
     """A run's or table's error in words: ``kind: message``, without repeating the kind when
     it only restates the status (a cancelled run's error of kind ``cancelled``)."""
     if not error:
         return ""
-    kind, message = str(error.get("kind") or "error"), str(error.get("message") or "")
+    if isinstance(error, RunError):
+        kind, message = str(error.kind), error.message
+    else:
+        kind, message = str(error.get("kind") or "error"), str(error.get("message") or "")
     if kind == status or message.startswith(kind):
         return message or kind
     return f"{kind}: {message}" if message else kind

@@ -32,21 +32,8 @@ log = logging.getLogger(__name__)
 Connection = psycopg.Connection[DictRow]
 Pool = ConnectionPool[Connection]
 
-# Worker sessions never wait forever: a stuck statement or lock fails and is retried.
-# Statements that are worth repeating as they are: another transaction won a lock or a race.
-RETRYABLE_SQLSTATES = frozenset(
-    {
-        "40001",  # serialization_failure
-        "40P01",  # deadlock_detected
-        "55P03",  # lock_not_available (lock_timeout)
-    }
-)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """A deadlock, serialization failure or lock timeout: repeat the statement."""
-    return isinstance(exc, psycopg.Error) and exc.sqlstate in RETRYABLE_SQLSTATES
-
+# Worker sessions never wait forever: a stuck statement or lock fails, and sync.store.retry
+# decides whether it is repeated.
 
 # Half-open TCP connections are noticed within about a minute.
 KEEPALIVES = {

@@ -39,6 +39,7 @@ from sync.embedded import data_dir
 from sync.errors import NotFound
 from sync.models import Attempt, Run
 from sync.settings import Settings
+from sync.vocabulary import ErrorKind, RunKind, RunStatus
 
 DEADLINE = 55.0  # seconds: the demo gives up (and fails) past this
 RETRY_AFTER = 3.0  # the simulated 429's Retry-After, longer than the inline wait below
@@ -199,21 +200,21 @@ class View:
 
     def _event(self, run: Run) -> str:
         label = self._label(run)
-        if run.status == "queued" and run.attempts == 0 and not run.waits:
+        if run.status == RunStatus.QUEUED and run.attempts == 0 and not run.waits:
             return f"{label} queued"
-        if run.status == "queued":
+        if run.status == RunStatus.QUEUED:
             wait = (run.queued_at - datetime.now(run.queued_at.tzinfo)).total_seconds()
-            why = (run.error or {}).get("message", "")
+            why = run.error.message if run.error else ""
             return f"{label} requeued, retry in {max(wait, 0):.1f}s: {why}"
-        if run.status == "waiting":
+        if run.status == RunStatus.WAITING:
             return f"{label} waiting behind the sync still running"
-        if run.status == "running":
+        if run.status == RunStatus.RUNNING:
             return f"{label} claimed by {run.worker_id} (attempt {run.attempts})"
         totals = _totals(run)
         took = ""
         if run.started_at and run.finished_at:
             took = f" in {(run.finished_at - run.started_at).total_seconds():.1f}s"
-        if run.kind == "purge":
+        if run.kind == RunKind.PURGE:
             return f"{label} {run.status}{took}: {run.processed_units} records purged"
         return (
             f"{label} {run.status}{took}: {totals['upserted']} upserted, "
@@ -228,13 +229,13 @@ class View:
         now = datetime.now().astimezone()
         for run in sorted(self._runs, key=lambda r: r.id):
             note = ""
-            if run.status == "queued" and run.attempts and run.queued_at > now:
+            if run.status == RunStatus.QUEUED and run.attempts and run.queued_at > now:
                 note = f"retry in {(run.queued_at - now).total_seconds():.1f}s (Retry-After)"
-            elif run.status == "running":
+            elif run.status == RunStatus.RUNNING:
                 note = f"on {run.worker_id}" + (
                     ", cancel requested" if run.cancel_requested_at else ""
                 )
-            elif run.status == "waiting":
+            elif run.status == RunStatus.WAITING:
                 note = "purge draining behind the running sync"
             table.add_row(
                 f"#{run.id}",
@@ -269,7 +270,7 @@ def _totals(run: Run) -> dict[str, int]:
 
 
 def _writing(run: Run) -> bool:
-    return run.status == "running" and run.processed_units > 0
+    return run.status == RunStatus.RUNNING and run.processed_units > 0
 
 
 def _overlap(a: Attempt, b: Attempt) -> bool:
@@ -414,7 +415,8 @@ def _script(
     view.wait(
         "umbrella-crm's sync to write its first records",
         lambda: (
-            run("umbrella-crm#1").status == "running" and run("umbrella-crm#1").processed_units > 0
+            run("umbrella-crm#1").status == RunStatus.RUNNING
+            and run("umbrella-crm#1").processed_units > 0
         ),
     )
     view.step("3. cancel umbrella-crm's running sync (it keeps what it wrote)")
@@ -441,7 +443,7 @@ def _script(
 def _cancel_leftovers(engine: Engine, workspace_id: int) -> None:
     """A demo cut short leaves no sync queued for a provider that is about to stop."""
     for run in engine.runs(workspace_id=workspace_id, limit=200):
-        if run.kind == "sync" and run.status in ("queued", "running"):
+        if run.kind == RunKind.SYNC and run.status in (RunStatus.QUEUED, RunStatus.RUNNING):
             with contextlib.suppress(Exception):
                 engine.cancel_run(run.id)
 
@@ -473,7 +475,7 @@ def _verify(
         (ra.id, rb.id)
         for i, (ra, a) in enumerate(flat)
         for rb, b in flat[i + 1 :]
-        if ra.provider != rb.provider and "purge" not in (ra.kind, rb.kind) and _overlap(a, b)
+        if ra.provider != rb.provider and RunKind.PURGE not in (ra.kind, rb.kind) and _overlap(a, b)
     ]
     checks.append(
         Check(
@@ -488,7 +490,7 @@ def _verify(
         for i, (ra, a) in enumerate(flat)
         for rb, b in flat[i + 1 :]
         if ra.id != rb.id
-        and (ra.provider == rb.provider or "purge" in (ra.kind, rb.kind))
+        and (ra.provider == rb.provider or RunKind.PURGE in (ra.kind, rb.kind))
         and _overlap(a, b)
     ]
     same_lane = sum(
@@ -512,10 +514,11 @@ def _verify(
     tries = attempts_of("initech-crm#1")
     ok = (
         limited is not None
-        and limited.status == "succeeded"
+        and limited.status == RunStatus.SUCCEEDED
         and len(tries) >= 2
         and tries[0].outcome == "rate_limited"  # a wait: no attempt spent
-        and (tries[0].error or {}).get("kind") == "rate_limited"
+        and tries[0].error is not None
+        and tries[0].error.kind == ErrorKind.RATE_LIMITED
         and tries[0].finished_at is not None
     )
     first_end = tries[0].finished_at if tries else None
@@ -525,7 +528,7 @@ def _verify(
             "a 429 requeued the run and the retry waited for Retry-After",
             ok and gap >= RETRY_AFTER - 0.05 and tenants["initech"].stats.rate_limited >= 1,
             f"run #{limited.id if limited else '?'}: attempt 1 {tries[0].outcome if tries else '-'}"
-            f" ({(tries[0].error or {}).get('kind') if tries else '-'}), attempt 2 began "
+            f" ({tries[0].error.kind if tries and tries[0].error else '-'}), attempt 2 began "
             f"{gap:.1f}s later (Retry-After {RETRY_AFTER:.0f}s), run "
             f"{limited.status if limited else '-'}",
         )
@@ -535,7 +538,7 @@ def _verify(
         Check(
             "a 503 was retried inside the request",
             globex is not None
-            and globex.status == "succeeded"
+            and globex.status == RunStatus.SUCCEEDED
             and globex.attempts == 1
             and tenants["globex"].stats.unavailable >= 1,
             f"provider sent {tenants['globex'].stats.unavailable} 503(s); run "
@@ -564,7 +567,7 @@ def _verify(
             Check(
                 f"{conn_name}: upstream deletions became tombstones, unchanged rows untouched",
                 second is not None
-                and second.status == "succeeded"
+                and second.status == RunStatus.SUCCEEDED
                 and deleted > 0
                 and totals["tombstoned"] == deleted == tombstoned_rows
                 and totals["upserted"] == changed,
@@ -580,7 +583,7 @@ def _verify(
         Check(
             "a running sync was cancelled and kept what it had written",
             cancelled is not None
-            and cancelled.status == "cancelled"
+            and cancelled.status == RunStatus.CANCELLED
             and cancelled.cancel_requested_at is not None
             and cancelled.started_at is not None
             and cancelled.processed_units > 0,
@@ -613,9 +616,9 @@ def _verify(
             "delete: the purge waited for the running sync, then removed the connection",
             cast.purge_status_at_delete == "waiting"
             and sync_run is not None
-            and sync_run.status == "succeeded"
+            and sync_run.status == RunStatus.SUCCEEDED
             and purge_run is not None
-            and purge_run.status == "succeeded"
+            and purge_run.status == RunStatus.SUCCEEDED
             and drained
             and gone
             and purge_run.processed_units == written,

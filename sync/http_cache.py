@@ -7,45 +7,33 @@ from __future__ import annotations
 import hashlib
 import zlib
 
-from psycopg.types.json import Jsonb
-
 from connectors.context import CachedResponse
-from sync.db import Pool
-from sync.lease import Lease
-from sync.queries import QUERIES
+from sync.store import Lease, RunStore
 
 
 class HttpCache:
-    def __init__(self, pool: Pool, lease: Lease, connection_id: int) -> None:
-        self._pool = pool
+    def __init__(self, store: RunStore, lease: Lease, connection_id: int) -> None:
+        self._store = store
         self._lease = lease
         self._connection_id = connection_id
 
     def get(self, url: str) -> CachedResponse | None:
-        with self._pool.connection() as conn:
-            row = conn.execute(
-                QUERIES.cached_response,
-                {"connection_id": self._connection_id, "url_hash": _key(url)},
-            ).fetchone()
-        if row is None:
+        found = self._store.cached_response(self._connection_id, _key(url))
+        if found is None:
             return None
-        return CachedResponse(row["etag"], dict(row["headers"]), zlib.decompress(row["body"]))
+        etag, headers, body = found
+        return CachedResponse(etag, headers, zlib.decompress(body))
 
     def put(self, url: str, response: CachedResponse) -> None:
         """Fenced: a worker that lost its lease stores nothing (and is stopping anyway)."""
-        with self._pool.connection() as conn:
-            conn.execute(
-                QUERIES.store_response,
-                {
-                    "run_id": self._lease.id,
-                    "lease_owner": self._lease.owner,
-                    "connection_id": self._connection_id,
-                    "url_hash": _key(url),
-                    "etag": response.etag,
-                    "headers": Jsonb(dict(response.headers)),
-                    "body": zlib.compress(response.body, 1),
-                },
-            )
+        self._store.store_response(
+            self._lease,
+            self._connection_id,
+            _key(url),
+            response.etag,
+            dict(response.headers),
+            zlib.compress(response.body, 1),
+        )
 
 
 def _key(url: str) -> bytes:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 
+from sync.abort import AbortReason
 from sync.db import first_line
 from sync.errors import InvalidInput
 from sync.lease import JOBS, Lease, LeaseKeeper, Terms, Watch
@@ -34,7 +35,6 @@ from sync.queues.lanes import parse_lanes, served_queues
 from sync.queues.models import QueuePolicy
 from sync.queues.port import Queues
 from sync.queues.postgres import Attempt, PostgresQueues
-from sync.retry_policy import AbortReason
 from sync.settings import Settings
 from sync.signals import TestSignal
 

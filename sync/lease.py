@@ -23,28 +23,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
-from uuid import UUID
 
 import psycopg
 
-from sync.abort import AbortSignal
+from sync.abort import AbortReason, AbortSignal
 from sync.db import Connection, connect, first_line
-from sync.queries import QUERIES
 from sync.queues.models import JobStatus
 from sync.queues.store import JobStore
-from sync.retry_policy import AbortReason
 from sync.settings import Settings
+from sync.store import Lease, RunStore
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A claim's hold on one leased row: the row's id, and the fencing token the claim wrote
-    as its lease owner. Every write the holder makes re-checks both."""
-
-    id: int
-    owner: UUID
 
 
 @dataclass(frozen=True)
@@ -69,21 +58,15 @@ class LeaseKind:
 
 def renew_run(conn: Connection, lease: Lease, seconds: timedelta) -> bool:
     """Extend a run's lease; False means it is lost."""
-    row = conn.execute(
-        QUERIES.renew_lease,
-        {"run_id": lease.id, "lease_owner": lease.owner, "lease": seconds},
-    ).fetchone()
-    return row is not None
+    return RunStore.renew(conn, lease, seconds)
 
 
 def read_run_control(conn: Connection, lease: Lease) -> Control:
-    row = conn.execute(
-        QUERIES.read_run_control, {"run_id": lease.id, "lease_owner": lease.owner}
-    ).fetchone()
-    if row is None:
+    found = RunStore.control(conn, lease)
+    if found is None:
         return Control(AbortReason.LEASE_LOST)
-    stop = AbortReason.CANCELLED if row["cancel_requested"] else None
-    return Control(stop, row["budget_blocked_until"])
+    stop = AbortReason.CANCELLED if found.cancel_requested else None
+    return Control(stop, found.budget_blocked_until)
 
 
 RUNS = LeaseKind("run", renew=renew_run, control=read_run_control)

@@ -7,6 +7,8 @@ from datetime import datetime, timedelta
 from typing import Any, Self
 from uuid import UUID
 
+from sync.vocabulary import TERMINAL_STATUSES, ConnectionStatus, RunError, RunKind, RunStatus
+
 
 class _FromRow:
     @classmethod
@@ -24,6 +26,8 @@ class _FromRow:
                 value = value.total_seconds()
             elif isinstance(value, UUID):
                 value = str(value)
+            elif isinstance(value, RunError):
+                value = value.to_json()
             out[f.name] = value
         return out
 
@@ -44,7 +48,7 @@ class Connection(_FromRow):
     name: str
     provider: str
     config: dict[str, Any]
-    status: str
+    status: ConnectionStatus
     schedule_every: timedelta | None
     next_run_at: datetime | None
     created_at: datetime
@@ -55,6 +59,7 @@ class Connection(_FromRow):
     def from_row(cls, row: dict[str, Any]) -> Self:
         row = dict(row)
         row["has_credentials"] = row.pop("credentials", None) is not None
+        row["status"] = ConnectionStatus(row["status"])
         return super().from_row(row)
 
 
@@ -64,8 +69,8 @@ class Run(_FromRow):
     connection_id: int | None
     workspace_id: int
     provider: str
-    kind: str
-    status: str
+    kind: RunKind
+    status: RunStatus
     trigger: str
     attempts: int
     max_attempts: int
@@ -77,7 +82,7 @@ class Run(_FromRow):
     worker_id: str | None
     cancel_requested_at: datetime | None
     results: dict[str, Any]
-    error: dict[str, Any] | None
+    error: RunError | None
     processed_units: int
     total_units: int | None
     waits: int = 0
@@ -87,12 +92,16 @@ class Run(_FromRow):
     # The id of the run's connection once that connection is deleted (connection_id is None).
     deleted_connection_id: int | None = None
 
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Self:
+        row = dict(row)
+        row["kind"], row["status"] = RunKind(row["kind"]), RunStatus(row["status"])
+        row["error"] = RunError.parse(row.get("error"))
+        return super().from_row(row)
+
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
-
-
-TERMINAL_STATUSES = frozenset({"succeeded", "partial", "failed", "cancelled"})
 
 
 @dataclass(frozen=True)
@@ -103,11 +112,17 @@ class Attempt(_FromRow):
     lease_owner: UUID
     started_at: datetime
     finished_at: datetime | None
-    outcome: str | None
-    error: dict[str, Any] | None
+    outcome: str | None  # a run status, or retry, rate_limited, handed_back
+    error: RunError | None
     results: dict[str, Any] | None
     waiting_for: str | None = None
     waiting_until: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Self:
+        row = dict(row)
+        row["error"] = RunError.parse(row.get("error"))
+        return super().from_row(row)
 
 
 @dataclass(frozen=True)

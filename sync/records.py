@@ -24,20 +24,14 @@ from typing import Any
 
 import orjson
 import psycopg
-from psycopg.types.json import Jsonb
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from connectors.base import Checkpoint, Deleted, Mode, Position, Resync, Table, Total
 from connectors.errors import PermanentError
 from sync.abort import AbortSignal
 from sync.checkpoints import SliceCheckpoint
-from sync.db import is_transient
-from sync.errors import LeaseLost
-from sync.lease import Lease
 from sync.progress import RunProgress
-from sync.queries import QUERIES
+from sync.store import Lease, SliceSave, TableWrites
 
-TRANSIENT_RETRIES = 5
 # With positions, a full batch waits for the end of its page, but never grows past this many
 # batches' worth of records (a connector whose pages are larger than a batch).
 MAX_BATCHES_BUFFERED = 2
@@ -167,9 +161,7 @@ class RecordWriter:
         abort: AbortSignal,
         progress: RunProgress | None = None,
     ) -> None:
-        self._conn = conn
-        self._lease = lease
-        self._connection_id = connection_id
+        self._writes = TableWrites(conn, lease, connection_id, table.name)
         self._table = table
         self._batch_size = batch_size
         self._abort = abort
@@ -199,7 +191,7 @@ class RecordWriter:
     def forget(self, partition: str | None) -> None:
         """Forget how far an earlier attempt of the run read this slice (a whole table also
         forgets the keys it saw): it is read again from its start."""
-        self._one(QUERIES.reset_table_checkpoints, partition=partition)
+        self._writes.reset_checkpoints(partition)
 
     def write(self, item: Any) -> None:
         """Take a record (a mapping), a :class:`Deleted`, a :class:`Checkpoint`, a
@@ -270,8 +262,8 @@ class RecordWriter:
             # Deletions go first: a position must never commit before a deletion it covers.
             background = False
             self._in_flight.wait()
-            row = self._one(QUERIES.tombstone_ids, external_ids=sorted(self._deletions))
-            self.counts.tombstoned += sum(row["tombstoned"].values())
+            gone = self._writes.tombstone_ids(sorted(self._deletions))
+            self.counts.tombstoned += sum(gone.values())
             self._deletions.clear()
         if not background:
             self._in_flight.wait()
@@ -298,7 +290,7 @@ class RecordWriter:
                 write()
         elif done or self._position != self._saved_position:
             self._saved_position = self._position
-            self._one(QUERIES.save_checkpoint, **checkpoint, **self._progress.snapshot())
+            self._writes.save_checkpoint(checkpoint, self._progress.snapshot())
 
     def end(self) -> None:
         """The slice was read to its end: write what is buffered and mark it done."""
@@ -315,15 +307,15 @@ class RecordWriter:
         dropped then, since the caller is already handling one."""
         self._in_flight.close()
 
-    def _checkpoint(self, done: bool) -> dict[str, Any]:
-        return {
-            "slice": self._partition or "",
-            "position": None if self._position is None else Jsonb(self._position),
-            "done": done,
-            "resync": self._full,
-            "pages": self._pages,
-            "total": self._total,
-        }
+    def _checkpoint(self, done: bool) -> SliceSave:
+        return SliceSave(
+            slice=self._partition or "",
+            position=self._position,
+            done=done,
+            resync=self._full,
+            pages=self._pages,
+            total=self._total,
+        )
 
     def _write_batch(
         self,
@@ -332,57 +324,21 @@ class RecordWriter:
         hashes: list[bytes],
         *,
         track_seen: bool,
-        checkpoint: dict[str, Any],
+        checkpoint: SliceSave,
         progress: dict[str, Any],
     ) -> None:
-        row = self._one(
-            QUERIES.write_record_batch,
-            external_ids=keys,
-            datas=datas,
-            hashes=hashes,
-            track_seen=track_seen,
+        written = self._writes.write_batch(
+            keys,
+            datas,
+            hashes,
             partition=self._partition,
-            **checkpoint,
-            **progress,
+            track_seen=track_seen,
+            checkpoint=checkpoint,
+            progress=progress,
         )
-        self.counts.upserted += row["upserted"]
-        self.counts.unchanged += row["unchanged"]
+        self.counts.upserted += written.upserted
+        self.counts.unchanged += written.unchanged
 
     def _save_cursor(self, cursor: Any, partition: str | None) -> None:
         self._abort.check()
-        found = self._conn.execute(
-            QUERIES.save_cursor,
-            {**self._params(), "cursor": Jsonb(cursor), "partition": partition},
-        ).fetchone()
-        if not found:
-            raise LeaseLost()
-
-    def _one(self, query: Any, **params: Any) -> dict[str, Any]:
-        return fenced_one(self._conn, query, {**self._params(), **params})
-
-    def _params(self) -> dict[str, Any]:
-        return {
-            "run_id": self._lease.id,
-            "lease_owner": self._lease.owner,
-            "connection_id": self._connection_id,
-            "table_name": self._table.name,
-        }
-
-
-def fenced_one(
-    conn: psycopg.Connection[Any], query: Any, params: Mapping[str, Any]
-) -> dict[str, Any]:
-    """Run a fenced statement and return its row; raise :class:`LeaseLost` if the fence
-    matched nothing. Each statement is its own transaction, so a deadlock or lock timeout is
-    repeated as it is rather than failing the table."""
-    for attempt in Retrying(
-        retry=retry_if_exception(is_transient),
-        stop=stop_after_attempt(TRANSIENT_RETRIES),
-        wait=wait_random_exponential(multiplier=0.1, max=2.0),
-        reraise=True,
-    ):
-        with attempt:
-            row: dict[str, Any] | None = conn.execute(query, params).fetchone()
-    if not row or not row["fenced"]:
-        raise LeaseLost()
-    return row
+        self._writes.save_cursor(cursor, partition)

@@ -8,30 +8,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
+
+from sync.abort import AbortReason
+from sync.vocabulary import ErrorKind, RunError, RunStatus, TableStatus
 
 DEFAULT_BACKOFF: tuple[float, ...] = (5.0, 30.0, 120.0)
 DEFAULT_JITTER = 0.2
-
-
-class TableStatus(StrEnum):
-    PENDING = "pending"  # not read yet in any attempt
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"  # a permanent failure: no retry will help
-    RETRY = "retry"  # a retryable failure: the next attempt reads it again
-    CANCELLED = "cancelled"
-    PARTIAL = "partial"  # some partitions failed for good, the others were read
-
-
-# A table in one of these is not read again by a later attempt of the run.
-SETTLED = frozenset({TableStatus.SUCCEEDED, TableStatus.FAILED, TableStatus.PARTIAL})
-
-
-class AbortReason(StrEnum):
-    CANCELLED = "cancelled"
-    LEASE_LOST = "lease_lost"
-    TIMEOUT = "timeout"
-    SHUTDOWN = "shutdown"
 
 
 @dataclass
@@ -44,7 +27,7 @@ class TableResult:
     upserted: int = 0
     unchanged: int = 0
     tombstoned: int = 0
-    error: dict[str, Any] | None = None
+    error: RunError | None = None
     total: int | None = None  # as many records as the provider said there are
     partitions: dict[str, TableResult] | None = None
 
@@ -54,7 +37,7 @@ class TableResult:
             "upserted": self.upserted,
             "unchanged": self.unchanged,
             "tombstoned": self.tombstoned,
-            "error": self.error,
+            "error": self.error.to_json() if self.error else None,
         }
         if self.total is not None:
             out["total"] = self.total
@@ -70,7 +53,7 @@ class TableResult:
             upserted=int(data.get("upserted", 0)),
             unchanged=int(data.get("unchanged", 0)),
             tombstoned=int(data.get("tombstoned", 0)),
-            error=data.get("error"),
+            error=RunError.parse(data.get("error")),
             total=data.get("total"),
             partitions=(
                 {name: cls.from_json(p) for name, p in partitions.items()}
@@ -81,8 +64,7 @@ class TableResult:
 
     @property
     def retry_after(self) -> float | None:
-        value = (self.error or {}).get("retry_after")
-        return float(value) if value is not None else None
+        return self.error.retry_after if self.error else None
 
 
 def merged(before: TableResult | None, attempt: TableResult) -> TableResult:
@@ -144,9 +126,9 @@ class Action(StrEnum):
 @dataclass(frozen=True)
 class Outcome:
     action: Action
-    status: str | None = None
+    status: RunStatus | None = None  # Action.FINISH: the status the run ends in
     delay: float | None = None
-    error: dict[str, Any] | None = field(default=None)
+    error: RunError | None = field(default=None)
     waiting_for: str | None = None  # Action.WAIT: what the run waits for
 
 
@@ -162,13 +144,25 @@ class Waiting:
     deadline: timedelta  # Settings.run_deadline
 
 
+class Decider(Protocol):
+    """:func:`decide` bound to one run: its attempts, its settings and its waits."""
+
+    def __call__(
+        self,
+        results: dict[str, TableResult],
+        *,
+        abort: AbortReason | None = None,
+        run_error: RunError | None = None,
+    ) -> Outcome: ...
+
+
 def decide(
     results: Mapping[str, TableResult],
     *,
     attempts: int,
     max_attempts: int,
     abort: AbortReason | None = None,
-    run_error: dict[str, Any] | None = None,
+    run_error: RunError | None = None,
     schedule: Sequence[float] = DEFAULT_BACKOFF,
     jitter: float = DEFAULT_JITTER,
     rand: Callable[[], float] = random.random,
@@ -177,7 +171,7 @@ def decide(
     """What to do with a run after an attempt.
 
     ``run_error`` is a failure of the attempt as a whole (the connector could not start, an
-    unexpected error outside any table) with the same ``kind`` vocabulary as table errors.
+    unexpected error outside any table), of the same kinds as table errors.
     With ``waiting``, an attempt that ended only because of a provider's rate limit is not a
     failure: the run waits for the reset without spending an attempt, unless that would take it
     past its deadline.
@@ -189,23 +183,21 @@ def decide(
     if abort is AbortReason.CANCELLED:
         return Outcome(
             Action.FINISH,
-            "cancelled",
-            error={"kind": "cancelled", "message": "a cancel was requested"},
+            RunStatus.CANCELLED,
+            error=RunError(ErrorKind.CANCELLED, "a cancel was requested"),
         )
 
-    errors: list[tuple[str | None, dict[str, Any] | None]] = [
-        (name, r.error) for name, r in results.items() if r.error
-    ]
+    errors = [replace(r.error, table=name) for name, r in results.items() if r.error]
     if run_error is not None:
-        errors.insert(0, (None, run_error))
-    first_error = _describe(errors[0]) if errors else None
+        errors.insert(0, run_error)
+    first_error = errors[0] if errors else None
 
-    if run_error is not None and run_error.get("kind") not in RETRYABLE_KINDS:
+    if run_error is not None and not run_error.is_retryable:
         # The attempt as a whole cannot succeed (bad config, refused credentials).
-        return Outcome(Action.FINISH, "failed", error=first_error)
+        return Outcome(Action.FINISH, RunStatus.FAILED, error=first_error)
 
     if abort is AbortReason.TIMEOUT:
-        first_error = {"kind": "timeout", "message": "the run exceeded its timeout"}
+        first_error = RunError(ErrorKind.TIMEOUT, "the run exceeded its timeout")
     wants_retry = (
         abort is AbortReason.TIMEOUT
         or run_error is not None
@@ -217,47 +209,54 @@ def decide(
         and abort is None
         and _only_rate_limited(results, run_error)
     ):
-        waits = [r.retry_after for r in results.values() if r.retry_after is not None]
-        if run_error is not None and run_error.get("retry_after") is not None:
-            waits.append(float(run_error["retry_after"]))
+        waits = _retry_afters(results, run_error)
         delay = max(waits) if waits else backoff_delay(waiting.waits + 1, schedule, jitter, rand)
         resumes = waiting.now + timedelta(seconds=delay)
         if resumes > waiting.started_at + waiting.deadline:
             return Outcome(
-                Action.FINISH, "failed", error=_past_deadline(waiting, resumes, first_error)
+                Action.FINISH,
+                RunStatus.FAILED,
+                error=_past_deadline(waiting, resumes, first_error),
             )
         return Outcome(Action.WAIT, delay=delay, error=first_error, waiting_for=waiting.waiting_for)
     if wants_retry:
         if attempts < max_attempts:
-            waits = [r.retry_after for r in results.values() if r.retry_after is not None]
-            if run_error is not None and run_error.get("retry_after") is not None:
-                waits.append(float(run_error["retry_after"]))
+            waits = _retry_afters(results, run_error)
             delay = max(waits) if waits else backoff_delay(attempts, schedule, jitter, rand)
             return Outcome(Action.REQUEUE, delay=delay, error=first_error)
         message = f"gave up after {attempts} attempt(s)"
         if first_error:
-            message += f": {first_error.get('message', '')}"
-        return Outcome(Action.FINISH, "failed", error={**(first_error or {}), "message": message})
+            message += f": {first_error.message}"
+        gave_up = (
+            first_error.with_message(message) if first_error else RunError(ErrorKind.ERROR, message)
+        )
+        return Outcome(Action.FINISH, RunStatus.FAILED, error=gave_up)
 
     unsucceeded = [r.status for r in results.values() if r.status is not TableStatus.SUCCEEDED]
     if not unsucceeded:
-        return Outcome(Action.FINISH, "succeeded")
+        return Outcome(Action.FINISH, RunStatus.SUCCEEDED)
     if len(unsucceeded) == len(results) and TableStatus.PARTIAL not in unsucceeded:
-        return Outcome(Action.FINISH, "failed", error=first_error)
-    return Outcome(Action.FINISH, "partial", error=first_error)
+        return Outcome(Action.FINISH, RunStatus.FAILED, error=first_error)
+    return Outcome(Action.FINISH, RunStatus.PARTIAL, error=first_error)
 
 
-def _only_rate_limited(
-    results: Mapping[str, TableResult], run_error: dict[str, Any] | None
-) -> bool:
+def _retry_afters(results: Mapping[str, TableResult], run_error: RunError | None) -> list[float]:
+    """The waits the provider asked for, in the tables' errors and the attempt's."""
+    waits = [r.retry_after for r in results.values() if r.retry_after is not None]
+    if run_error is not None and run_error.retry_after is not None:
+        waits.append(run_error.retry_after)
+    return waits
+
+
+def _only_rate_limited(results: Mapping[str, TableResult], run_error: RunError | None) -> bool:
     """The attempt wants a retry only because a provider's budget is spent: some table stopped
     on a rate limit, and every other table that is not settled is waiting its turn."""
-    if run_error is not None and run_error.get("kind") != "rate_limited":
+    if run_error is not None and run_error.kind is not ErrorKind.RATE_LIMITED:
         return False
     limited = run_error is not None
     for r in results.values():
         if r.status is TableStatus.RETRY:
-            if (r.error or {}).get("kind") != "rate_limited":
+            if r.error is None or r.error.kind is not ErrorKind.RATE_LIMITED:
                 return False
             limited = True
     return limited
@@ -269,9 +268,7 @@ def ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def _past_deadline(
-    waiting: Waiting, resumes: datetime, cause: dict[str, Any] | None
-) -> dict[str, Any]:
+def _past_deadline(waiting: Waiting, resumes: datetime, cause: RunError | None) -> RunError:
     hours = waiting.deadline.total_seconds() / 3600
     message = (
         f"gave up waiting for {waiting.waiting_for}: the run started at "
@@ -279,16 +276,6 @@ def _past_deadline(
         f"would last until {resumes:%Y-%m-%d %H:%M} UTC, past its deadline of {hours:g} h "
         "(the run_deadline setting); retry the run when the provider's limit allows"
     )
-    return {**(cause or {}), "kind": "deadline", "message": message}
-
-
-# Error kinds a later attempt may fix.
-RETRYABLE_KINDS = frozenset({"retryable", "rate_limited", "database", "internal", "timeout"})
-
-
-def _describe(item: tuple[str | None, dict[str, Any] | None]) -> dict[str, Any]:
-    table, error = item
-    described = dict(error or {})
-    if table is not None:
-        described["table"] = table
-    return described
+    if cause is None:
+        return RunError(ErrorKind.DEADLINE, message)
+    return replace(cause, kind=ErrorKind.DEADLINE, message=message)

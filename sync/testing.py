@@ -26,6 +26,7 @@ from sync.api import Engine
 from sync.models import Run
 from sync.queries import QUERIES
 from sync.settings import Settings
+from sync.vocabulary import RunStatus
 from sync.worker import Worker
 
 DEFAULT_TEST_DATABASE = "postgresql://postgres@127.0.0.1:5432/test"
@@ -50,7 +51,7 @@ def run_sync(
         run = engine.run(run.id)
         if run.is_terminal:
             return run
-        if run.status == "queued" and (run.attempts > 0 or run.waits > 0):
+        if run.status == RunStatus.QUEUED and (run.attempts > 0 or run.waits > 0):
             if not skip_retry_waits:
                 return run
             make_run_due(engine, run.id)

@@ -22,9 +22,7 @@ import psycopg
 
 from connectors.base import Table
 from sync.abort import AbortSignal
-from sync.lease import Lease
-from sync.queries import QUERIES
-from sync.records import fenced_one
+from sync.store import Lease, TableWrites
 
 STEP = 10_000  # stored rows per step of the pass
 
@@ -51,9 +49,7 @@ class TombstonePass:
         *,
         step: int = STEP,
     ) -> None:
-        self._conn = conn
-        self._lease = lease
-        self._connection_id = connection_id
+        self._writes = TableWrites(conn, lease, connection_id, table.name)
         self._table = table
         self._abort = abort
         self._step = step
@@ -66,7 +62,7 @@ class TombstonePass:
             gone = self._confirmed(partitions, confirm)
         else:
             gone = self._unconfirmed(partitions)
-        self._one(QUERIES.complete_table, stamp=partitions is None)
+        self._writes.complete_table(stamp=partitions is None)
         return gone
 
     def _unconfirmed(self, partitions: list[str] | None) -> dict[str, int]:
@@ -74,31 +70,27 @@ class TombstonePass:
         after = ""
         while True:
             self._abort.check()
-            row = self._one(
-                QUERIES.tombstone_unseen, partitions=partitions, after=after, limit=self._step
-            )
-            _add(gone, row["tombstoned"])
-            if row["scanned"] < self._step:
+            step = self._writes.tombstone_step(partitions, after, self._step)
+            _add(gone, step.tombstoned)
+            if step.scanned < self._step or step.last_key is None:
                 return gone
-            after = row["last_key"]
+            after = step.last_key
 
     def _confirmed(self, partitions: list[str] | None, confirm: Confirm | None) -> dict[str, int]:
         missing: dict[str, _Missing] = {}
         after = ""
         while True:
             self._abort.check()
-            row = self._one(
-                QUERIES.unseen_rows, partitions=partitions, after=after, limit=self._step
-            )
-            for found in row["unseen"]:
+            unseen = self._writes.unseen_step(partitions, after, self._step)
+            for found in unseen.unseen:
                 part = missing.setdefault(found["partition"] or "", _Missing())
                 if len(part.to_confirm) < self._table.confirm_limit:
                     part.to_confirm[found["external_id"]] = found["data"]
                 else:
                     part.beyond_bound.append(found["external_id"])
-            if row["scanned"] < self._step:
+            if unseen.scanned < self._step or unseen.last_key is None:
                 break
-            after = row["last_key"]
+            after = unseen.last_key
         gone: dict[str, int] = {}
         for name, part in missing.items():
             self._abort.check()
@@ -108,24 +100,10 @@ class TombstonePass:
                 unconfirmed = [*part.to_confirm, *unconfirmed]
             elif confirmed:
                 known = [key for key in confirmed if key in part.to_confirm]
-                _add(gone, self._one(QUERIES.tombstone_ids, external_ids=known)["tombstoned"])
+                _add(gone, self._writes.tombstone_ids(known))
             if unconfirmed:
-                row = self._one(QUERIES.mark_missing, external_ids=unconfirmed)
-                _add(gone, row["tombstoned"])
+                _add(gone, self._writes.mark_missing(unconfirmed))
         return gone
-
-    def _one(self, query: Any, **params: Any) -> dict[str, Any]:
-        return fenced_one(
-            self._conn,
-            query,
-            {
-                "run_id": self._lease.id,
-                "lease_owner": self._lease.owner,
-                "connection_id": self._connection_id,
-                "table_name": self._table.name,
-                **params,
-            },
-        )
 
 
 def _add(into: dict[str, int], counts: Mapping[str, int]) -> None:

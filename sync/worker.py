@@ -23,30 +23,29 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from types import FrameType
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 from psycopg_pool import PoolTimeout
 
 import connectors
+from sync.abort import AbortReason
 from sync.db import Pool, connect_listener, first_line, listen_url
 from sync.errors import Conflict
-from sync.executor import ClaimedRun, Executor
+from sync.executor import Executor
 from sync.ingestions.stage import IngestionStage
 from sync.job_lanes import Lanes
 from sync.lease import LeaseKeeper
 from sync.migrations import check_schema
-from sync.queries import QUERIES
 from sync.queues.postgres import PostgresQueues
-from sync.retry_policy import AbortReason
 from sync.secrets import SecretBox
 from sync.services import Cleaner, Heartbeat, ScheduleEnqueuer, SeenKeySweeper, Service
 from sync.settings import Settings
 from sync.signals import TestSignal
+from sync.store import ClaimedRun, ClaimTerms, RetryPolicy, RunStore, Seal, WorkerRow
 
 log = logging.getLogger("sync.worker")
 
@@ -129,7 +128,10 @@ class Listener:
                     )
                     if self._worker_id is not None:
                         own = conn.execute(
-                            "SELECT worker_channel_v3(%s) AS c", (self._worker_id,)
+                            psycopg.sql.SQL("SELECT {}.worker_channel_v3(%s) AS c").format(
+                                psycopg.sql.Identifier(self._settings.schema_name)
+                            ),
+                            (self._worker_id,),
                         ).fetchone()
                         assert own is not None
                         conn.execute(
@@ -185,6 +187,11 @@ class Worker:
         self._registered = False  # this incarnation owns the id's row in `workers`
         self._open_here = False  # the id is in this process's _open_here
         self._pool = pool
+        # An outcome is repeated while its connection is lost for most of a lease: the lease
+        # keeper stops the run before the lease runs out.
+        self._store = RunStore(pool, retry=RetryPolicy(within=settings.lease_seconds * 0.8))
+        # The one shape of this worker's claims of runs: its id, its lease, its providers.
+        self._claim_terms = ClaimTerms(self.id, settings.lease_seconds, self.providers)
         self._url = url
         self._wake = threading.Event()
         self._running = False
@@ -217,10 +224,7 @@ class Worker:
         self._lanes = Lanes.from_settings(queues, self._keeper, settings) if queues else None
         on_job = self._lanes.wake if self._lanes is not None else None
         self._listener = self._make_listener(url, on_job) if listen else None
-        self._executor = Executor(
-            pool, settings, secrets, self._keeper, self.id, providers=self.providers
-        )
-        self._executor.wakeable = self._wakeable
+        self._executor = Executor(self._store, settings, secrets, self._keeper, self.id)
         self._current_run_id: int | None = None
         self.stage_failures: dict[str, int] = {}
         self.database_failures = 0  # consecutive polls in which the database failed
@@ -349,11 +353,7 @@ class Worker:
             return
         self._registered = False
         try:
-            with self._pool.connection(timeout=5) as conn:
-                conn.execute(
-                    QUERIES.worker_stopped,
-                    {"worker_id": self.id, "incarnation": self.incarnation},
-                )
+            self._store.worker_stopped(self.id, self.incarnation, timeout=5)
         except Exception as exc:
             log.warning("could not record the worker's stop: %s", first_line(exc))
         log.info("worker %s stopped", self.id)
@@ -378,30 +378,26 @@ class Worker:
     def _register(self) -> None:
         """Record this incarnation of the worker id, or refuse (Conflict) while another live
         process holds it."""
-        params = {
-            "worker_id": self.id,
-            "hostname": socket.gethostname(),
-            "pid": os.getpid(),
-            "version": _version(),
-            "providers": self.providers,
-            "incarnation": self.incarnation,
-            "stale_seconds": self.settings.stale_after,
-            "dead_pid": None,
-            "dead_incarnation": None,
-        }
         with _open_here_lock, self._pool.connection() as conn:
             if self.id in _open_here:
                 raise Conflict(
                     f"worker id {self.id!r} is already used by a worker of this process; "
                     "give each worker its own id"
                 )
-            previous = conn.execute(QUERIES.get_worker, {"worker_id": self.id}).fetchone()
-            if previous is not None and _is_dead_here(previous):
-                params.update(dead_pid=previous["pid"], dead_incarnation=previous["incarnation"])
-            row = conn.execute(QUERIES.register_worker, params).fetchone()
-            if row is None:
-                holder = conn.execute(QUERIES.get_worker, {"worker_id": self.id}).fetchone()
-                raise Conflict(_in_use(self.id, holder))
+            previous = self._store.get_worker(conn, self.id)
+            registered = self._store.register_worker(
+                conn,
+                worker_id=self.id,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                version=_version(),
+                providers=self.providers,
+                incarnation=self.incarnation,
+                stale_seconds=self.settings.stale_after,
+                dead=previous if previous is not None and _is_dead_here(previous) else None,
+            )
+            if not registered:
+                raise Conflict(_in_use(self.id, self._store.get_worker(conn, self.id)))
             _open_here.add(self.id)
             self._open_here = True
         self._registered = True
@@ -419,36 +415,32 @@ class Worker:
             return False
         run, self._prefetched = self._prefetched, None
         if run is None:
-            with self._pool.connection() as conn:
-                row = conn.execute(
-                    QUERIES.claim_run_v3,
-                    {
-                        "worker_id": self.id,
-                        "lease": timedelta(seconds=self.settings.lease_seconds),
-                        "providers": self.providers,
-                        "wakeable": self._wakeable(),
-                    },
-                ).fetchone()
-            if row is None:
+            run = self._store.claim(self._terms())
+            if run is None:
                 return False
-            run = ClaimedRun.from_row(row)
         self._current_run_id = run.id  # the next heartbeat says so
         try:
-            # In the loop, the finish of this run claims the next one in the same round trip;
-            # a bare poll() (tests, `worker --once`) leaves nothing claimed behind it.
-            self._prefetched = self._executor.execute(
-                run, claim_next=self._continuous and not self._stop_requested
-            )
+            self._executor.execute(run, seal=self._seal)
         finally:
             self._current_run_id = None
             self.runs_executed += 1
         return True
 
-    def _wakeable(self) -> bool:
-        """An empty claim may mark this worker idle, to be woken alone on its own channel: only
-        while its loop runs and its LISTEN connection is up."""
+    def _terms(self) -> ClaimTerms:
+        """The claim's terms as of now: an empty claim may mark this worker idle, to be woken
+        alone on its own channel, only while its loop runs and its LISTEN connection is up."""
         listener = self._listener
-        return self._continuous and listener is not None and listener.connected.is_set()
+        wakeable = self._continuous and listener is not None and listener.connected.is_set()
+        return replace(self._claim_terms, wakeable=wakeable)
+
+    def _seal(self, seal: Seal) -> bool:
+        """The finish of the run just executed. In the loop it claims the next run in the same
+        round trip (kept for the next poll); a bare poll() (tests, `worker --once`) and a
+        worker asked to stop leave nothing claimed behind."""
+        if not self._continuous or self._stop_requested:
+            return self._store.finish(seal)
+        sealed, self._prefetched = self._store.finish_and_claim(seal, self._terms())
+        return sealed
 
     def _hand_back_prefetched(self) -> None:
         """A run claimed with the last finish but not started: back to the queue, no attempt
@@ -456,16 +448,8 @@ class Worker:
         run, self._prefetched = self._prefetched, None
         if run is None:
             return
-        with self._pool.connection(timeout=5) as conn:
-            conn.execute(
-                QUERIES.hand_back_run,
-                {
-                    "run_id": run.id,
-                    "lease_owner": run.lease_owner,
-                    "results": Jsonb(run.results),
-                    "attempt_results": Jsonb({}),
-                },
-            )
+        seal = Seal(run.lease, "queued", run.results, {}, None)
+        self._store.hand_back(seal, timeout=5, repeat=False)
         log.info("handed back run %d, claimed but not started", run.id)
 
 
@@ -480,16 +464,16 @@ def _inline(service: Service[Any]) -> Callable[[], bool]:
     return stage
 
 
-def _is_dead_here(row: dict[str, Any]) -> bool:
+def _is_dead_here(row: WorkerRow) -> bool:
     """Whether a registered incarnation is a process of this host that no longer runs: its pid
     is gone, or is this very process (a restarted container reuses pids; the caller has made
     sure no open Worker of this process holds the id)."""
-    if row["stopped_at"] is not None or row["hostname"] != socket.gethostname():
+    if row.stopped_at is not None or row.hostname != socket.gethostname():
         return False
-    if row["pid"] == os.getpid():
+    if row.pid == os.getpid():
         return True
     try:
-        os.kill(row["pid"], 0)
+        os.kill(row.pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:  # a live process of another user
@@ -497,12 +481,12 @@ def _is_dead_here(row: dict[str, Any]) -> bool:
     return False
 
 
-def _in_use(worker_id: str, holder: dict[str, Any] | None) -> str:
+def _in_use(worker_id: str, holder: WorkerRow | None) -> str:
     if holder is None:  # it stopped and was removed between our two reads
         return f"worker id {worker_id!r} changed hands while starting; start it again"
-    ago = holder["since_heartbeat"].total_seconds()
+    ago = holder.since_heartbeat.total_seconds()
     return (
-        f"worker id {worker_id!r} is in use by a live worker (pid {holder['pid']} on "
-        f"{holder['hostname']}, last heartbeat {ago:.0f}s ago); give this one another id "
+        f"worker id {worker_id!r} is in use by a live worker (pid {holder.pid} on "
+        f"{holder.hostname}, last heartbeat {ago:.0f}s ago); give this one another id "
         "(--id), or stop that one first"
     )

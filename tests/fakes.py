@@ -42,14 +42,13 @@ class MemoryConfig(BaseModel):
 
 
 @register
-class MemoryConnector(Connector):
+class MemoryConnector(Connector[MemoryConfig]):
     provider = "memory"
     tables = (Table("items", "id", Mode.FULL), Table("notes", ("owner", "n"), Mode.FULL))
     config_model = MemoryConfig
 
     def read(self, table: Table) -> Iterator[Any]:
         config = self.context.config
-        assert isinstance(config, MemoryConfig)
         dataset = DATASETS[config.dataset]
         with _lock:
             dataset.reads.append(table.name)
@@ -73,7 +72,7 @@ class MemoryConnector(Connector):
 
 
 @register
-class MemoryEventsConnector(Connector):
+class MemoryEventsConnector(Connector[MemoryConfig]):
     """An incremental table: rows carry a `seq`; the cursor is the highest seq written."""
 
     provider = "memory_events"
@@ -82,7 +81,6 @@ class MemoryEventsConnector(Connector):
 
     def read(self, table: Table) -> Iterator[Any]:
         config = self.context.config
-        assert isinstance(config, MemoryConfig)
         dataset = DATASETS[config.dataset]
         since = (self.context.cursor(table.name) or {}).get("seq", 0)
         failure = dataset.failures.get(table.name)
@@ -100,7 +98,7 @@ class MemoryEventsConnector(Connector):
 
 
 @register
-class MemoryPagesConnector(Connector):
+class MemoryPagesConnector(Connector[MemoryConfig]):
     """A full table read page by page like a page-numbered API: after each page it yields the
     number of the next one as its position, and resumes there. `reads` logs "items:PAGE" for
     every page read; a failure at row index N (see Dataset.failures) strikes on the page that
@@ -112,7 +110,6 @@ class MemoryPagesConnector(Connector):
 
     def read(self, table: Table) -> Iterator[Any]:
         config = self.context.config
-        assert isinstance(config, MemoryConfig)
         dataset = DATASETS[config.dataset]
         rows = list(dataset.tables.get(table.name, []))
         failure = dataset.failures.pop(table.name, None)  # strikes once
@@ -142,7 +139,7 @@ class FileConfig(BaseModel):
 
 
 @register
-class FileDataConnector(Connector):
+class FileDataConnector(Connector[FileConfig]):
     """Reads {"items": [...]} from a JSON file, re-read at the start of each table."""
 
     provider = "filedata"
@@ -151,7 +148,6 @@ class FileDataConnector(Connector):
 
     def read(self, table: Table) -> Iterator[Any]:
         config = self.context.config
-        assert isinstance(config, FileConfig)
         with open(config.path) as handle:
             rows = json.load(handle).get(table.name, [])
         for index, row in enumerate(rows):
@@ -168,13 +164,12 @@ class SleepyConfig(BaseModel):
     rows: int = 0
 
 
-class _Sleepy(Connector):
+class _Sleepy(Connector[SleepyConfig]):
     tables = (Table("items", "id", Mode.FULL),)
     config_model = SleepyConfig
 
     def read(self, table: Table) -> Iterator[Any]:
         config = self.context.config
-        assert isinstance(config, SleepyConfig)
         time.sleep(config.sleep_ms / 1000)
         for i in range(config.rows):
             yield {"id": i, "value": i}

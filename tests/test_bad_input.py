@@ -8,6 +8,7 @@ from typing import Any
 import connectors
 from connectors import Connector, Table, register
 from sync import Engine
+from sync.vocabulary import ErrorKind, RunError
 from tests.fakes import MemoryConfig
 from tests.test_sync_flow import items, live, new_dataset, sync_once
 
@@ -61,11 +62,9 @@ def test_an_unexpected_exception_is_retried_with_a_clear_error(engine: Engine, a
         conn = engine.create_connection(ws.id, "x", "exploding", config={"dataset": key})
         run = sync_once(engine, conn.id)
         assert run.status == "queued"  # unexpected errors are retried, like River and Oban do
-        assert run.error == {
-            "kind": "internal",
-            "message": "unexpected error: KeyError: 'surprise'",
-            "table": "items",
-        }
+        assert run.error == RunError(
+            ErrorKind.INTERNAL, "unexpected error: KeyError: 'surprise'", table="items"
+        )
         # The row read before the error is kept.
         assert set(live(admin, conn.id)) == {"1"}
     finally:
@@ -128,11 +127,11 @@ def test_a_database_that_goes_away_mid_run_gives_a_clear_error(engine: Engine, a
     assert killed.is_set()
     after = engine.run(run.id)
     assert after.status == "queued" and after.attempts == 1
-    assert after.error["kind"] == "database"
+    assert after.error.kind == "database"
     # Postgres says why if the session was idle when it was cut; if a batch was in flight on it
     # (the record writer's helper thread), libpq only sees the connection close.
     assert any(
-        said in after.error["message"]
+        said in after.error.message
         for said in ("terminating connection", "server closed the connection unexpectedly")
     ), after.error
     # What was written before the cut is still there, and the worker carries on.

@@ -21,8 +21,10 @@ import connectors
 from connectors import Connector, HttpClient, OAuth2, RetryableError, Table, register
 from sync import Engine
 from sync.abort import AbortSignal
+from sync.budgets import BudgetView
 from sync.errors import LeaseLost
-from sync.executor import BudgetView, ClaimedRun, RunContext
+from sync.runs.context import RunContext
+from sync.store import ClaimedRun, RunStore
 from sync.testing import run_sync
 from tests.conftest import make_settings
 from tests.test_fencing import claim
@@ -37,7 +39,7 @@ class AccountConfig(BaseModel):
 
 
 @register
-class BudgetedConnector(Connector):
+class BudgetedConnector(Connector[AccountConfig]):
     """Draws on one rate budget per `account`, whatever workspace the connection is in."""
 
     provider = "budgeted"
@@ -45,13 +47,11 @@ class BudgetedConnector(Connector):
     config_model = AccountConfig
 
     @classmethod
-    def budget_key(cls, config: BaseModel, credentials: Mapping[str, Any]) -> str | None:
-        assert isinstance(config, AccountConfig)
+    def budget_key(cls, config: AccountConfig, credentials: Mapping[str, Any]) -> str | None:
         return f"account:{config.account}"
 
     def read(self, table: Table) -> Iterator[Any]:
         config = self.context.config
-        assert isinstance(config, AccountConfig)
         with HttpClient(self.context, base_url=API) as http:
             for page in range(config.pages):
                 yield http.get_json(f"/{config.account}/items", params={"page": page})
@@ -73,7 +73,7 @@ def test_a_spent_budget_holds_back_every_connection_on_it(
 
     assert worker.poll()  # the first A connection meets the 429
     limited = engine.run(runs[0].id)
-    assert limited.status == "queued" and limited.error["kind"] == "rate_limited"
+    assert limited.status == "queued" and limited.error.kind == "rate_limited"
     budget = admin.execute("SELECT key, blocked_until - now() AS left FROM rate_budgets").fetchone()
     assert budget["key"].startswith("budgeted:") and "A" not in budget["key"]
     assert timedelta(seconds=590) < budget["left"] <= timedelta(seconds=600)
@@ -129,7 +129,7 @@ def test_a_running_sync_on_a_budget_another_run_spent_stops_and_waits(
         thread.join(30)
 
         paused = engine.run(slow_run.id)
-        assert paused.status == "queued" and paused.error["kind"] == "rate_limited"
+        assert paused.status == "queued" and paused.error.kind == "rate_limited"
         gap = admin.execute(
             "SELECT abs(extract(epoch FROM r.queued_at - b.blocked_until)) AS gap "
             "FROM connection_runs r, rate_budgets b WHERE r.id = %s",
@@ -146,7 +146,7 @@ class OAuthConfig(BaseModel):
 
 
 @register
-class RotatingConnector(Connector):
+class RotatingConnector(Connector[OAuthConfig]):
     provider = "rotating"
     tables = (Table("me"),)
     config_model = OAuthConfig
@@ -205,7 +205,7 @@ def context_for(engine: Engine, claimed: dict[str, Any]) -> RunContext:
         cursors={},
         abort=AbortSignal(),
         budget=BudgetView(),
-        pool=engine.pool,
+        store=RunStore(engine.pool),
         secrets=engine.secrets,
         settings=engine.settings,
         logger=logging.LoggerAdapter(logging.getLogger("test"), {}),
@@ -304,7 +304,7 @@ CANARY = f"canary-{uuid.uuid4().hex}"
 
 
 @register
-class LeakyConnector(Connector):
+class LeakyConnector(Connector[OAuthConfig]):
     """Does everything a careless connector could do with a secret, short of storing it as
     data: logs it, raises with it, sends it in a URL."""
 
@@ -330,7 +330,7 @@ def test_a_canary_secret_appears_nowhere_but_encrypted(
     with caplog.at_level(logging.DEBUG):
         run = run_sync(engine, conn.id)
     assert run.status == "failed"
-    assert "[redacted]" in run.error["message"]
+    assert "[redacted]" in run.error.message
     assert CANARY not in caplog.text and "[redacted]" in caplog.text
     assert CANARY not in repr(run) and CANARY not in repr(engine.connection(conn.id))
 

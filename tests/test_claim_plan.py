@@ -26,7 +26,7 @@ ANALYZE;
 
 
 def plans_of_claim(admin: Any) -> list[dict[str, Any]]:
-    row, plans = explained(admin, "SELECT id FROM claim_run('plan-test', interval '1 minute')")
+    row, plans = explained(admin, "SELECT id FROM claim_run_v2('plan-test', interval '1 minute')")
     assert row is not None
     return plans
 
@@ -74,7 +74,7 @@ def test_a_claim_limited_to_its_providers_walks_the_same_index(engine: Engine, a
     admin.execute(HISTORY)
     row, plans = explained(
         admin,
-        "SELECT id, provider FROM claim_run('plan-test', interval '1 minute', %s)",
+        "SELECT id, provider FROM claim_run_v2('plan-test', interval '1 minute', %s)",
         (["memory"],),
     )
     assert row is not None and row["provider"] == "memory"

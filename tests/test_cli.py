@@ -502,7 +502,7 @@ def _run(**fields: Any) -> Run:
         "total_units": None,
     }
     values.update(fields)
-    return Run(**values)
+    return Run.from_row(values)
 
 
 def test_describe_progress() -> None:

@@ -15,12 +15,11 @@ import pytest
 
 from connectors import Checkpoint, Mode, Table
 from sync import Engine
-from sync.abort import AbortSignal
+from sync.abort import AbortReason, AbortSignal
 from sync.errors import LeaseLost
 from sync.lease import Lease, read_run_control, renew_run
 from sync.queries import QUERIES
 from sync.records import RecordWriter
-from sync.retry_policy import AbortReason
 from sync.tombstones import TombstonePass
 from tests.cli_backends import WorkerProcess
 from tests.conftest import make_settings
@@ -43,7 +42,12 @@ def claim(engine: Engine, worker_id: str) -> dict[str, Any]:
     with engine.pool.connection() as conn:
         row = conn.execute(
             QUERIES.claim_run,
-            {"worker_id": worker_id, "lease": timedelta(seconds=120), "providers": None},
+            {
+                "worker_id": worker_id,
+                "lease": timedelta(seconds=120),
+                "providers": None,
+                "wakeable": False,
+            },
         ).fetchone()
     assert row is not None
     return dict(row)

@@ -15,12 +15,12 @@ import pytest
 
 from connectors import RetryableError
 from sync import Engine
+from sync.abort import AbortReason
 from sync.errors import Conflict, InvalidInput, NotFound
 from sync.ingestions import stage as stage_module
 from sync.ingestions import store
 from sync.ingestions.decisions import Next, after_failure
 from sync.queries import parse
-from sync.retry_policy import AbortReason
 from sync.sqlfiles import sql_dir
 from tests.conftest import make_settings
 from tests.ingestion_support import (

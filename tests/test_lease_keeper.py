@@ -15,10 +15,9 @@ import psycopg
 import pytest
 
 from sync import Engine
-from sync.abort import AbortSignal
+from sync.abort import AbortReason, AbortSignal
 from sync.db import Connection, connect
 from sync.lease import Control, Lease, LeaseKeeper, LeaseKind, Terms
-from sync.retry_policy import AbortReason
 from tests.test_fencing import claim
 from tests.test_sync_flow import items, new_dataset
 

@@ -278,8 +278,8 @@ def test_a_run_that_waited_past_its_deadline_fails_saying_so(engine: Engine, adm
     assert worker.poll()
     failed = engine.run(run.id)
     assert failed.status == "failed"
-    assert failed.error is not None and failed.error["kind"] == "deadline"
-    message = failed.error["message"]
+    assert failed.error is not None and failed.error.kind == "deadline"
+    message = failed.error.message
     assert "the memory rate limit" in message and "2nd wait" in message
     assert "24 h" in message and "run_deadline" in message
     assert DATASETS[key].reads.count("items") == 2

@@ -44,7 +44,7 @@ def test_retryable_failure_requeues_the_same_row_then_dead_letters(
         now = engine.run(run.id)
         assert now.id == run.id and now.status == "queued" and now.attempts == attempt
         assert now.lease_owner is None
-        assert now.error["kind"] == "retryable" and now.error["table"] == "items"
+        assert now.error.kind == "retryable" and now.error.table == "items"
         # notes succeeded in attempt 1 and is not read again.
         assert now.results["notes"]["status"] == "succeeded"
         assert base * 0.8 - 0.01 <= queued_delay(admin, run.id) <= base * 1.2 + 0.01
@@ -55,7 +55,7 @@ def test_retryable_failure_requeues_the_same_row_then_dead_letters(
     assert worker.poll()
     final = engine.run(run.id)
     assert final.status == "failed" and final.attempts == 3
-    assert final.error["message"].startswith("gave up after 3 attempt(s)")
+    assert final.error.message.startswith("gave up after 3 attempt(s)")
     assert final.results["items"]["status"] == "failed"
     assert [a.outcome for a in engine.attempts(run.id)] == ["retry", "retry", "failed"]
 
@@ -81,7 +81,7 @@ def test_retry_after_overrides_the_backoff(engine: Engine, admin: Any) -> None:
     assert worker.poll()
     now = engine.run(run.id)
     assert now.status == "queued"
-    assert now.error["kind"] == "rate_limited"
+    assert now.error.kind == "rate_limited"
     assert 599.9 <= queued_delay(admin, run.id) <= 600.1
     # The rate limit ended the attempt: the other table waits for the next one.
     assert now.results["notes"]["status"] == "pending"

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sync.abort import AbortReason
 from sync.retry_policy import (
-    AbortReason,
     Action,
     TableResult,
-    TableStatus,
     Waiting,
     backoff_delay,
     decide,
@@ -19,6 +19,7 @@ from sync.retry_policy import (
     ordinal,
     table_status,
 )
+from sync.vocabulary import ErrorKind, RunError, RunStatus, TableStatus
 
 SCHEDULE = (5.0, 30.0, 120.0)
 unit = st.floats(min_value=0.0, max_value=1.0, exclude_max=True)
@@ -40,18 +41,16 @@ def test_backoff_grows_with_attempts(r: float) -> None:
 statuses = st.sampled_from(list(TableStatus))
 errors = st.one_of(
     st.none(),
-    st.fixed_dictionaries(
-        {
-            "kind": st.sampled_from(["retryable", "permanent", "record"]),
-            "message": st.text(max_size=20),
-        }
+    st.builds(
+        RunError,
+        kind=st.sampled_from([ErrorKind.RETRYABLE, ErrorKind.PERMANENT, ErrorKind.RECORD]),
+        message=st.text(max_size=20),
     ),
-    st.fixed_dictionaries(
-        {
-            "kind": st.just("rate_limited"),
-            "message": st.just("429"),
-            "retry_after": st.floats(min_value=0, max_value=86400),
-        }
+    st.builds(
+        RunError,
+        kind=st.just(ErrorKind.RATE_LIMITED),
+        message=st.just("429"),
+        retry_after=st.floats(min_value=0, max_value=86400),
     ),
 )
 tables = st.dictionaries(
@@ -79,6 +78,8 @@ def test_every_attempt_ends_in_exactly_one_sensible_way(
         schedule=SCHEDULE,
         rand=lambda: 0.5,
     )
+    assert outcome.status is None or isinstance(outcome.status, RunStatus)
+    assert outcome.error is None or isinstance(outcome.error.kind, ErrorKind)
     if abort is AbortReason.LEASE_LOST:
         assert outcome.action is Action.STOP
         return
@@ -86,7 +87,7 @@ def test_every_attempt_ends_in_exactly_one_sensible_way(
         assert outcome.action is Action.HAND_BACK
         return
     if abort is AbortReason.CANCELLED:
-        assert (outcome.action, outcome.status) == (Action.FINISH, "cancelled")
+        assert (outcome.action, outcome.status) == (Action.FINISH, RunStatus.CANCELLED)
         return
     unsettled = abort is AbortReason.TIMEOUT or any(
         r.status in (TableStatus.RETRY, TableStatus.PENDING) for r in results.values()
@@ -101,17 +102,17 @@ def test_every_attempt_ends_in_exactly_one_sensible_way(
         return
     assert outcome.action is Action.FINISH
     if unsettled:  # out of attempts: dead-lettered
-        assert attempts >= max_attempts and outcome.status == "failed"
+        assert attempts >= max_attempts and outcome.status is RunStatus.FAILED
         return
     ok = [r.status is TableStatus.SUCCEEDED for r in results.values()]
     some = any(ok) or any(r.status is TableStatus.PARTIAL for r in results.values())
-    expected = "succeeded" if all(ok) else "partial" if some else "failed"
-    assert outcome.status == expected
+    expected = RunStatus.SUCCEEDED if all(ok) else RunStatus.PARTIAL if some else RunStatus.FAILED
+    assert outcome.status is expected
     first = next(((name, r.error) for name, r in results.items() if r.error), None)
     if first is None:
         assert outcome.error is None
-    elif expected != "succeeded":
-        assert outcome.error == {**first[1], "table": first[0]}
+    elif expected is not RunStatus.SUCCEEDED:
+        assert outcome.error == replace(first[1], table=first[0])
 
 
 def test_a_permanent_run_error_fails_at_once_even_with_attempts_left() -> None:
@@ -119,10 +120,10 @@ def test_a_permanent_run_error_fails_at_once_even_with_attempts_left() -> None:
         {"items": TableResult(TableStatus.PENDING)},
         attempts=1,
         max_attempts=3,
-        run_error={"kind": "auth", "message": "401"},
+        run_error=RunError(ErrorKind.AUTH, "401"),
     )
-    assert (outcome.action, outcome.status) == (Action.FINISH, "failed")
-    assert outcome.error == {"kind": "auth", "message": "401"}
+    assert (outcome.action, outcome.status) == (Action.FINISH, RunStatus.FAILED)
+    assert outcome.error == RunError(ErrorKind.AUTH, "401")
 
 
 def test_a_retryable_run_error_is_retried() -> None:
@@ -130,7 +131,7 @@ def test_a_retryable_run_error_is_retried() -> None:
         {},
         attempts=1,
         max_attempts=3,
-        run_error={"kind": "internal", "message": "boom"},
+        run_error=RunError(ErrorKind.INTERNAL, "boom"),
         rand=lambda: 0.5,
     )
     assert outcome.action is Action.REQUEUE and outcome.delay == 5.0
@@ -142,7 +143,7 @@ START = datetime(2024, 5, 6, 10, 0, tzinfo=UTC)
 def rate_limited(retry_after: float | None) -> TableResult:
     return TableResult(
         TableStatus.RETRY,
-        error={"kind": "rate_limited", "message": "429", "retry_after": retry_after},
+        error=RunError(ErrorKind.RATE_LIMITED, "429", retry_after=retry_after),
     )
 
 
@@ -166,11 +167,11 @@ def test_a_rate_limit_waits_without_spending_an_attempt_until_the_deadline(
     )
     delay = retry_after if retry_after is not None else SCHEDULE[min(waits + 1, 3) - 1]
     if now + timedelta(seconds=delay) > START + timedelta(hours=24):
-        assert (outcome.action, outcome.status) == (Action.FINISH, "failed")
-        assert outcome.error is not None and outcome.error["kind"] == "deadline"
-        assert "the github rate limit" in outcome.error["message"]
-        assert f"{ordinal(waits + 1)} wait" in outcome.error["message"]
-        assert "run_deadline" in outcome.error["message"]
+        assert (outcome.action, outcome.status) == (Action.FINISH, RunStatus.FAILED)
+        assert outcome.error is not None and outcome.error.kind is ErrorKind.DEADLINE
+        assert "the github rate limit" in outcome.error.message
+        assert f"{ordinal(waits + 1)} wait" in outcome.error.message
+        assert "run_deadline" in outcome.error.message
     else:
         # Whatever attempts are left: a wait is not a failure.
         assert outcome.action is Action.WAIT and outcome.delay == delay
@@ -181,7 +182,7 @@ def test_a_failure_beside_a_rate_limit_spends_an_attempt() -> None:
     outcome = decide(
         {
             "issues": rate_limited(600),
-            "pulls": TableResult(TableStatus.RETRY, error={"kind": "retryable", "message": "502"}),
+            "pulls": TableResult(TableStatus.RETRY, error=RunError(ErrorKind.RETRYABLE, "502")),
         },
         attempts=1,
         max_attempts=3,
@@ -225,3 +226,11 @@ def test_a_partitioned_tables_status(parts: dict[str, TableStatus]) -> None:
         assert status is TableStatus.PARTIAL  # one failing partition fails only its slice
     else:
         assert status is TableStatus.FAILED
+
+
+@given(results=tables)
+def test_results_read_back_as_they_were_stored(results: dict[str, TableResult]) -> None:
+    for result in results.values():
+        again = TableResult.from_json(result.to_json())
+        assert again == result
+        assert again.error is None or isinstance(again.error.kind, ErrorKind)

@@ -266,7 +266,7 @@ def test_429_requeues_the_run_after_retry_after(
     # Waiting for the provider spends no attempt; the wait is counted and said.
     assert run.status == "queued" and run.attempts == 0 and run.waits == 1
     assert run.waiting_for == "the simulated_crm rate limit" and run.waiting_until == run.queued_at
-    assert run.error is not None and run.error["kind"] == "rate_limited"
+    assert run.error is not None and run.error.kind == "rate_limited"
     assert run.results["contacts"]["error"]["retry_after"] == 30
     delay = (run.queued_at - engine.attempts(run.id)[0].finished_at).total_seconds()  # type: ignore[operator]
     assert 29 <= delay <= 31

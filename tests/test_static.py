@@ -1,5 +1,5 @@
-"""The build enforces style, types and layering: ruff, mypy, and the import-linter contract
-that `connectors` never imports `sync`."""
+"""The build enforces style, types and layering: ruff, mypy, and the import-linter contracts
+(`connectors` never imports `sync`; the layers of `sync`, with no cycles)."""
 
 from __future__ import annotations
 

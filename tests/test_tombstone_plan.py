@@ -36,7 +36,7 @@ def test_a_tombstone_step_reads_one_step_of_rows(engine: Engine, admin: Any) -> 
     run_id = admin.execute("SELECT id FROM connection_runs").fetchone()["id"]
     row, plans = explained(
         admin,
-        "SELECT * FROM tombstone_unseen(%s, %s, 1, 'items', NULL, %s, %s)",
+        "SELECT * FROM tombstone_unseen_v2(%s, %s, 1, 'items', NULL, %s, %s)",
         (run_id, owner, f"{START:06d}", STEP),
     )
     # Keys START+1 .. START+STEP; every 100th was not seen.

@@ -11,6 +11,7 @@ import pytest
 from playwright.sync_api import expect
 
 from sync import Engine
+from sync.vocabulary import RunError
 from tests.conftest import make_settings
 from tests.ui_support import GATES, Browser, chromium, new_gate, serving, worker_loop
 
@@ -118,12 +119,12 @@ def test_a_failed_runs_page_shows_its_whole_error(fast_engine: Engine, browser: 
         page.goto(f"{url}/runs/{run_id}")
         expect(page.locator("#run")).to_have_attribute("data-status", "failed")
         run = fast_engine.run(run_id)
-        errors = [run.error, run.results["items"]["error"]]
+        errors = [run.error, RunError.parse(run.results["items"]["error"])]
         errors += [a.error for a in fast_engine.attempts(run_id)]
         assert all(errors)
         for error in errors:
             assert error is not None
-            shown = page.locator(".error-message", has_text=error["message"].splitlines()[0])
+            shown = page.locator(".error-message", has_text=error.message.splitlines()[0])
             expect(shown.first).to_be_visible()
         # The table's error and every attempt's error are there in full, not cut.
         expect(page.locator("#table-items .error-message")).to_have_text(message)

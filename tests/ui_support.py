@@ -156,14 +156,13 @@ class GateConfig(BaseModel):
 
 
 @register
-class GatedConnector(Connector):
+class GatedConnector(Connector[GateConfig]):
     provider = "ui_gated"
     tables = (Table("items", "id", Mode.FULL),)
     config_model = GateConfig
 
     def read(self, table: Table) -> Iterator[Any]:
         config = self.context.config
-        assert isinstance(config, GateConfig)
         gate = GATES[config.gate]
         for index in range(gate.rows):
             if index == gate.pause_at:

@@ -65,15 +65,14 @@ class SimulatedConfig(BaseModel):
         return value.rstrip("/")
 
 
-class _Simulated(Connector):
+class _Simulated(Connector[SimulatedConfig]):
     config_model = SimulatedConfig
     credentials_model = TokenCredentials
     api: str
 
-    def __init__(self, context: ConnectorContext) -> None:
+    def __init__(self, context: ConnectorContext[SimulatedConfig]) -> None:
         super().__init__(context)
         config = context.config
-        assert isinstance(config, SimulatedConfig)
         self.config = config
         self.http = HttpClient(
             context,
@@ -82,9 +81,8 @@ class _Simulated(Connector):
         )
 
     @classmethod
-    def budget_key(cls, config: BaseModel, credentials: Mapping[str, Any]) -> str | None:
+    def budget_key(cls, config: SimulatedConfig, credentials: Mapping[str, Any]) -> str | None:
         # The simulated provider rate-limits per tenant, whichever API is called.
-        assert isinstance(config, SimulatedConfig)
         return f"{config.base_url}/{config.tenant}"
 
     def close(self) -> None:

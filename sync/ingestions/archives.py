@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from connectors.errors import Aborted
-from sync.abort import AbortSignal
+from sync.abort import AbortReason, AbortSignal
 from sync.db import Pool, first_line
 from sync.documents import DocumentLimits, Embedder, expand_zip
 from sync.ingestions import store
@@ -29,7 +29,6 @@ from sync.ingestions.context import JobLog, Stopper
 from sync.ingestions.decisions import Next, after_failure
 from sync.ingestions.job import indexed_with
 from sync.ingestions.sources import Source, SourceGone, member_name
-from sync.retry_policy import AbortReason
 from sync.secrets import SecretBox
 from sync.settings import Settings
 

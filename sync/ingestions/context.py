@@ -20,15 +20,14 @@ from connectors.base import Connector
 from connectors.context import CachedResponse
 from connectors.errors import PermanentError
 from sync import redact
-from sync.abort import AbortSignal
+from sync.abort import AbortReason, AbortSignal
+from sync.budgets import budget_key_of
 from sync.db import Pool
 from sync.errors import LeaseLost
-from sync.executor import budget_key_of
 from sync.ingestions import store
 from sync.lease import Control, Lease
-from sync.queries import QUERIES
-from sync.retry_policy import AbortReason
 from sync.secrets import SecretBox
+from sync.store import RunStore
 
 
 class JobLog(logging.LoggerAdapter[logging.Logger]):
@@ -154,16 +153,11 @@ class IngestionContext:
             fresh = dict(refresh(current))
             redact.register(fresh)
             if fresh != current:
-                conn.execute(
-                    QUERIES.save_credentials,
-                    {
-                        "connection_id": self._connection_id,
-                        "credentials": self._secrets.encrypt(fresh),
-                        "budget_key": budget_key_of(
-                            self._connector_class, self._provider, self._config, fresh
-                        ),
-                        "reconnect": False,
-                    },
+                RunStore.save_credentials(
+                    conn,
+                    self._connection_id,
+                    self._secrets.encrypt(fresh),
+                    budget_key_of(self._connector_class, self._provider, self._config, fresh),
                 )
                 self._logger.info("credentials refreshed and saved")
         self._credentials = fresh
@@ -174,11 +168,7 @@ class IngestionContext:
             self._blocked_until = until
         if self._budget_key is None:
             return
-        with self._pool.connection() as conn:
-            conn.execute(
-                QUERIES.block_rate_budget,
-                {"key": self._budget_key, "blocked_until": until, "reason": redact.redact(reason)},
-            )
+        RunStore(self._pool).block_rate_budget(self._budget_key, until, redact.redact(reason))
 
     def rate_limited_until(self) -> datetime | None:
         until = self._blocked_until

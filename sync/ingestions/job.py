@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from connectors.errors import Aborted, RetryableError
-from sync.abort import AbortSignal
+from sync.abort import AbortReason, AbortSignal
 from sync.db import Pool, first_line
 from sync.documents import (
     DocumentLimits,
@@ -42,7 +42,6 @@ from sync.ingestions.context import JobLog, Stopper
 from sync.ingestions.decisions import Next, after_failure
 from sync.ingestions.sources import FileInfo, Source, SourceGone
 from sync.lease import Lease, LeaseKeeper, Terms
-from sync.retry_policy import AbortReason
 from sync.secrets import SecretBox
 from sync.settings import Settings
 

@@ -21,10 +21,10 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from sync.abort import AbortReason
 from sync.db import Connection, Pool, first_line
 from sync.lease import Control, Lease, LeaseKind
 from sync.queries import parse
-from sync.retry_policy import AbortReason
 from sync.sqlfiles import sql_dir
 
 log = logging.getLogger("sync.ingestions")

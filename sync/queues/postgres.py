@@ -22,7 +22,7 @@ from uuid import UUID
 
 import psycopg
 
-from sync.abort import AbortSignal
+from sync.abort import AbortReason, AbortSignal
 from sync.errors import Conflict, InvalidInput, NotFound
 from sync.queues.admission import check_key_text, due_time, key_on_standard
 from sync.queues.clock import Clock
@@ -43,7 +43,6 @@ from sync.queues.port import DeadHook, Handler, JobRunner, Queues
 from sync.queues.registry import HandlerRegistry, Registration
 from sync.queues.retries import Fate, fate_after
 from sync.queues.store import ClaimedJob, ConnectionSource, JobStore
-from sync.retry_policy import AbortReason
 
 log = logging.getLogger("sync.queues")
 

@@ -12,9 +12,9 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from sync.db import Pool
-from sync.queries import QUERIES
 from sync.services.base import Clock, Service
 from sync.settings import Settings
+from sync.store import RunStore
 
 log = logging.getLogger("sync.worker")
 
@@ -39,7 +39,7 @@ class Heartbeat(Service[bool]):
         clock: Clock = time.monotonic,
     ) -> None:
         super().__init__(settings.heartbeat_interval, settings.max_backoff, clock=clock)
-        self._pool = pool
+        self._store = RunStore(pool)
         self._worker_id = worker_id
         self._incarnation = incarnation
         self._version = version
@@ -48,20 +48,16 @@ class Heartbeat(Service[bool]):
         self._on_taken_over = on_taken_over
 
     def _run(self) -> bool:
-        with self._pool.connection() as conn:
-            beat = conn.execute(
-                QUERIES.heartbeat,
-                {
-                    "worker_id": self._worker_id,
-                    "hostname": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "version": self._version,
-                    "providers": self._providers,
-                    "incarnation": self._incarnation,
-                    "current_run_id": self._current_run(),
-                },
-            ).fetchone()
-        if beat is None:
+        beat = self._store.heartbeat(
+            worker_id=self._worker_id,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            version=self._version,
+            providers=self._providers,
+            incarnation=self._incarnation,
+            current_run_id=self._current_run(),
+        )
+        if not beat:
             log.error(
                 "worker id %s was taken over by another process while this one was silent; "
                 "stopping",

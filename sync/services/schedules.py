@@ -8,9 +8,9 @@ import logging
 import time
 
 from sync.db import Pool
-from sync.queries import QUERIES
 from sync.services.base import Clock, Service
 from sync.settings import Settings
+from sync.store import RunStore
 
 log = logging.getLogger("sync.worker")
 
@@ -22,17 +22,13 @@ class ScheduleEnqueuer(Service[int]):
 
     def __init__(self, pool: Pool, settings: Settings, *, clock: Clock = time.monotonic) -> None:
         super().__init__(settings.schedule_interval, settings.max_backoff, clock=clock)
-        self._pool = pool
+        self._store = RunStore(pool)
         self._settings = settings
 
     def _run(self) -> int:
-        params = {
-            "limit": self._settings.schedule_batch,
-            "max_attempts": self._settings.max_attempts,
-        }
-        with self._pool.connection() as conn:
-            row = conn.execute(QUERIES.enqueue_due_schedules, params).fetchone()
-        queued = int(row["queued"]) if row else 0
+        queued = self._store.enqueue_due_schedules(
+            self._settings.schedule_batch, self._settings.max_attempts
+        )
         if queued:
             log.info("enqueued %d scheduled run(s)", queued)
         return queued

@@ -4,14 +4,16 @@ filters and globals."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import connectors
 from sync.models import Run
+from sync.vocabulary import RunError, RunKind, TableStatus
 
-DONE_TABLE_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+DONE_TABLE_STATUSES = frozenset({TableStatus.SUCCEEDED, TableStatus.FAILED, TableStatus.CANCELLED})
 
 
 def timestamp(value: datetime | None) -> str:
@@ -45,18 +47,22 @@ def relative(value: datetime | None, now: datetime) -> str:
     return f"in {duration(delta)}" if delta > 0 else f"{duration(-delta)} ago"
 
 
-def error_headline(error: dict[str, Any] | None) -> str:
+def error_headline(error: RunError | Mapping[str, Any] | None) -> str:
     """The first line of an error, for lists; the run's page shows it whole."""
     if not error:
         return ""
+    if isinstance(error, RunError):
+        error = error.to_json()
     message = str(error.get("message", "")).strip()
     return f"{error.get('kind', 'error')}: {message.splitlines()[0] if message else ''}"
 
 
-def error_details(error: dict[str, Any] | None) -> str:
+def error_details(error: RunError | Mapping[str, Any] | None) -> str:
     """Everything an error carries besides its kind and message, as JSON; empty if nothing."""
     if not error:
         return ""
+    if isinstance(error, RunError):
+        error = error.to_json()
     rest = {k: v for k, v in error.items() if k not in ("kind", "message") and v is not None}
     return json.dumps(rest, indent=2, sort_keys=True, default=str) if rest else ""
 
@@ -81,6 +87,6 @@ def progress(run: Run) -> Progress:
     except connectors.UnknownProvider:
         tables_total = None
     done = sum(1 for r in run.results.values() if r.get("status") in DONE_TABLE_STATUSES)
-    if run.kind == "purge":
+    if run.kind == RunKind.PURGE:
         tables_total = None
     return Progress(run.processed_units, run.total_units, done, tables_total)

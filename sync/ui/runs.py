@@ -12,9 +12,10 @@ from starlette.routing import BaseRoute, Route
 from sync.api import Engine
 from sync.ui.actions import action
 from sync.ui.render import engine_of, render
+from sync.vocabulary import RunStatus
 
 NAV = ("Runs", "/runs")
-STATUSES = ("waiting", "queued", "running", "succeeded", "partial", "failed", "cancelled")
+STATUSES = tuple(RunStatus)
 LIMIT = 100
 
 
@@ -35,7 +36,10 @@ def _list_context(request: Request) -> dict[str, object]:
     connection_id = _int_param(request, "connection")
     workspace_id = _int_param(request, "workspace")
     found = engine.runs(
-        connection_id=connection_id, status=status, workspace_id=workspace_id, limit=LIMIT
+        connection_id=connection_id,
+        status=RunStatus(status) if status else None,
+        workspace_id=workspace_id,
+        limit=LIMIT,
     )
     query = request.url.query
     return {

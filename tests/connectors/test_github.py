@@ -245,7 +245,7 @@ def test_refused_credentials_disconnect_the_connection(
     conn_id = connect(sync_engine)
     run = run_sync(sync_engine, conn_id)
     assert run.status == "failed"
-    assert run.error is not None and run.error["kind"] == "auth"
+    assert run.error is not None and run.error.kind == "auth"
     assert TOKEN not in str(run.error) and TOKEN not in str(run.results)
     assert sync_engine.connection(conn_id).status == "disconnected"
 

@@ -357,8 +357,8 @@ def test_rotated_refresh_tokens_are_saved_and_spent_next_time(
     sync_engine.update_credentials(conn_id, {**saved, "refresh_token": "rt-1"})
     run = run_sync(sync_engine, conn_id)
     assert run.status == "failed"
-    assert run.error is not None and run.error["kind"] == "auth"
-    assert "invalid_grant" in run.error["message"]
+    assert run.error is not None and run.error.kind == "auth"
+    assert "invalid_grant" in run.error.message
     assert sync_engine.connection(conn_id).status == "disconnected"
     assert tokens.call_count == 3
 

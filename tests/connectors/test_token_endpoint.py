@@ -130,8 +130,8 @@ def test_a_refused_grant_disconnects_after_one_attempt_and_says_nothing_secret(
     with caplog.at_level(logging.DEBUG):
         run = run_sync(sync_engine, conn_id)
     assert run.status == "failed" and run.attempts == 1
-    assert run.error is not None and run.error["kind"] == "auth"
-    assert "invalid_grant" in run.error["message"]
+    assert run.error is not None and run.error.kind == "auth"
+    assert "invalid_grant" in run.error.message
     assert sync_engine.connection(conn_id).status == "disconnected"
     assert tokens.call_count == 1
     said = " ".join([caplog.text, repr(run), *(repr(a) for a in sync_engine.attempts(run.id))])
@@ -175,7 +175,7 @@ def test_a_refused_access_token_is_never_sent_again(
     ).id
     run = run_sync(sync_engine, conn_id, skip_retry_waits=False)
     assert run.status == "queued" and run.error is not None
-    assert run.error["kind"] == "retryable"  # the endpoint failed: not the credentials' fault
+    assert run.error.kind == "retryable"  # the endpoint failed: not the credentials' fault
     saved: dict[str, Any] = stored_credentials(sync_engine, conn_id)
     assert "access_token" not in saved and saved["refresh_token"] == "rt-0"
     assert sync_engine.connection(conn_id).status == "active"

@@ -1,0 +1,143 @@
+"""What a sync's connector sees of the engine (:class:`connectors.ConnectorContext`) for one
+attempt: its config and credentials, cursors and positions, the ETag cache, the abort signal,
+waits, credential refreshes under the connection's row lock, and the shared rate budget."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from connectors.base import Connector
+from connectors.context import CachedResponse
+from connectors.errors import PermanentError
+from sync import redact
+from sync.abort import AbortSignal
+from sync.budgets import BudgetView, budget_key_of
+from sync.checkpoints import RunCheckpoints
+from sync.http_cache import HttpCache
+from sync.runs.log import Logger
+from sync.secrets import SecretBox
+from sync.settings import Settings
+from sync.store import ClaimedRun, RunStore
+
+
+class RunContext:
+    """The engine's side of :class:`connectors.ConnectorContext` for one attempt."""
+
+    def __init__(
+        self,
+        *,
+        run: ClaimedRun,
+        connector_class: type[Connector],
+        config: BaseModel,
+        credentials: Mapping[str, Any],
+        cursors: dict[str, Any],
+        abort: AbortSignal,
+        budget: BudgetView,
+        store: RunStore,
+        secrets: SecretBox | None,
+        settings: Settings,
+        logger: Logger,
+        checkpoints: RunCheckpoints | None = None,
+        cache: HttpCache | None = None,
+    ) -> None:
+        self._run = run
+        self._connector_class = connector_class
+        self._config = config
+        self._credentials = credentials
+        self._cursors = cursors
+        self._checkpoints = checkpoints or RunCheckpoints()
+        self._cache = cache
+        # Incremental tables whose periodic complete pass is due: their cursor is withheld.
+        self.withheld: set[str] = set()
+        self._abort = abort
+        self._budget = budget
+        self._store = store
+        self._secrets = secrets
+        self._settings = settings
+        self._logger = logger
+
+    @property
+    def config(self) -> BaseModel:
+        return self._config
+
+    @property
+    def credentials(self) -> Mapping[str, Any]:
+        return self._credentials
+
+    @property
+    def logger(self) -> Logger:
+        return self._logger
+
+    def cursor(self, table: str, partition: str | None = None) -> Any | None:
+        if table in self.withheld:
+            return None
+        saved = self._cursors.get(table)
+        if partition is None:
+            return saved
+        return saved.get(partition) if isinstance(saved, dict) else None
+
+    def position(self, table: str, partition: str | None = None) -> Any | None:
+        return self._checkpoints.position(table, partition)
+
+    def cached_response(self, url: str) -> CachedResponse | None:
+        return self._cache.get(url) if self._cache is not None else None
+
+    def store_response(self, url: str, response: CachedResponse) -> None:
+        if self._cache is not None:
+            self._cache.put(url, response)
+
+    @property
+    def aborted(self) -> bool:
+        return self._abort.is_set
+
+    def check_abort(self) -> None:
+        self._abort.check()
+
+    def sleep(self, seconds: float) -> None:
+        if self._abort.wait(seconds):
+            self._abort.check()
+
+    @property
+    def max_inline_wait(self) -> float:
+        return self._settings.max_inline_wait
+
+    def refresh_credentials(
+        self, refresh: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+    ) -> Mapping[str, Any]:
+        if self._secrets is None:
+            raise PermanentError("no secret key is configured, so credentials cannot be saved")
+        connection_id = self._run.connection_id
+        assert connection_id is not None
+        with self._store.pool.connection() as conn, conn.transaction():
+            stored = self._store.lock_credentials(conn, self._run.lease, connection_id)
+            current = self._secrets.decrypt(stored) if stored else {}
+            fresh = dict(refresh(current))
+            redact.register(fresh)
+            if fresh != current:
+                self._store.save_credentials(
+                    conn,
+                    connection_id,
+                    self._secrets.encrypt(fresh),
+                    budget_key_of(self._connector_class, self._run.provider, self._config, fresh),
+                )
+                self._logger.info("credentials refreshed and saved")
+        self._credentials = fresh
+        return fresh
+
+    def report_rate_limit(self, until: datetime, reason: str) -> None:
+        key = self._run.budget_key
+        self._budget.spent_until(until)
+        if key is None:
+            return
+        self._store.block_rate_budget(key, until, redact.redact(reason))
+        self._logger.info("rate budget spent until %s: %s", until.isoformat(), reason)
+
+    def rate_limited_until(self) -> datetime | None:
+        until = self._budget.until
+        if until is not None and until <= self._store.now():
+            return None
+        return until

@@ -1,0 +1,533 @@
+"""The sync of one claimed run: each table of the connector read slice by slice (the table, or
+one partition of it) into the record writer, then its tombstone pass once every slice is
+settled. A sync resumes where earlier attempts of the same run left it (``sync.checkpoints``):
+tables they settled are not read again, and every slice that is not done resumes at its last
+committed position. Results are kept twice: the run's row holds the totals of every attempt,
+each attempt's history row its own counts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import psycopg
+
+from connectors.base import Connector, Mode, Table
+from connectors.errors import Aborted, AuthError, ConnectorError, RetryableError
+from sync import redact
+from sync.abort import AbortReason, AbortSignal
+from sync.budgets import BudgetView
+from sync.checkpoints import RunCheckpoints
+from sync.connector_setup import ConnectorSetupError, connector_inputs
+from sync.db import Connection, first_line
+from sync.errors import LeaseLost
+from sync.http_cache import HttpCache
+from sync.ingestions.store import queue_file_ingestions
+from sync.progress import RunProgress
+from sync.records import RecordWriter
+from sync.retry_policy import Action, Outcome, TableResult, merged, table_status
+from sync.runs.context import RunContext
+from sync.runs.log import Logger
+from sync.runs.outcome import Outcomes, decider
+from sync.secrets import SecretBox
+from sync.settings import Settings
+from sync.store import ClaimedRun, RunStore, TableWrites
+from sync.tombstones import TombstonePass
+from sync.vocabulary import SETTLED, ConnectionStatus, ErrorKind, RunError, RunStatus, TableStatus
+
+
+class _StopAttempt(Exception):
+    """The attempt cannot go on (unusable config or credentials, refused credentials)."""
+
+    def __init__(self, error: RunError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class SyncJob:
+    """Reads a claimed sync's tables; ``run()`` returns the outcome and the results, and says
+    in ``seen_keys_left`` whether some table left seen keys behind."""
+
+    def __init__(
+        self, store: RunStore, outcomes: Outcomes, settings: Settings, secrets: SecretBox | None
+    ) -> None:
+        self._store = store
+        self._outcomes = outcomes
+        self._settings = settings
+        self._secrets = secrets
+        self.seen_keys_left = False
+
+    def run(
+        self,
+        run: ClaimedRun,
+        abort: AbortSignal,
+        budget: BudgetView,
+        logger: Logger,
+    ) -> tuple[Outcome, dict[str, TableResult], dict[str, TableResult]]:
+        """Returns the outcome, the run's results (totals of every attempt) and this attempt's
+        own."""
+        before = {name: TableResult.from_json(r) for name, r in (run.results or {}).items()}
+        totals = dict(before)
+        attempt: dict[str, TableResult] = {}
+        self.seen_keys_left = False
+        decide_ = decider(run, self._settings, self._store)
+        if run.connection_status != ConnectionStatus.ACTIVE:
+            state = run.connection_status or "gone"
+            error = RunError(ErrorKind.CANCELLED, f"the connection is {state}")
+            return Outcome(Action.FINISH, RunStatus.CANCELLED, error=error), totals, attempt
+        # Only a run that has written before has checkpoints to resume from.
+        checkpoints = RunCheckpoints()
+        if run.processed_units > 0:
+            checkpoints = RunCheckpoints(self._store.checkpoints(run.id))
+        try:
+            connector, context = self._open_connector(run, abort, budget, logger, checkpoints)
+        except _StopAttempt as stop:
+            return decide_(totals, run_error=stop.error), totals, attempt
+        for table in connector.tables:
+            totals.setdefault(table.name, TableResult())
+        # Tables settled by an earlier attempt are not read again.
+        unsettled = [t for t in connector.tables if totals[t.name].status not in SETTLED]
+        progress = RunProgress([t.name for t in connector.tables], checkpoints)
+        try:
+            context.withheld = self._complete_passes_due(run, unsettled, checkpoints)
+            for table in unsettled:
+                if abort.is_set:
+                    break
+                progress.begin_table(table.name)
+                result = self._sync_table(
+                    run,
+                    connector,
+                    table,
+                    abort,
+                    logger,
+                    checkpoints,
+                    progress,
+                    before.get(table.name),
+                )
+                logger.info("table %s %s %s", table.name, result.status.value, result.to_json())
+                if table.files and result.status in (TableStatus.SUCCEEDED, TableStatus.PARTIAL):
+                    # New and changed files are queued for ingestion; deleted ones dropped.
+                    queue_file_ingestions(
+                        self._store.pool, run.lease, run.connection_id, table.name, run.max_attempts
+                    )
+                attempt[table.name] = result
+                totals[table.name] = merged(before.get(table.name), result)
+                if result.status is not TableStatus.SUCCEEDED:
+                    self.seen_keys_left = True
+                # Saved as each table ends, so a crash keeps them; the finish saves the last.
+                if table is not unsettled[-1] and abort.reason is not AbortReason.LEASE_LOST:
+                    self._outcomes.save_results(run, totals, attempt, abort)
+                kind = result.error.kind if result.error else None
+                if kind is ErrorKind.AUTH:
+                    return decide_(totals, run_error=result.error), totals, attempt
+                if kind is ErrorKind.RATE_LIMITED:
+                    # The provider's budget is spent for every table: end the attempt here.
+                    break
+        except psycopg.Error as exc:  # deciding the complete passes
+            logger.warning("database error before reading: %s", first_line(exc))
+            error = RunError(ErrorKind.DATABASE, f"database error: {first_line(exc)}")
+            return decide_(totals, run_error=error), totals, attempt
+        finally:
+            try:
+                connector.close()
+            except Exception:
+                logger.exception("connector close() failed")
+        return decide_(totals, abort=abort.reason), totals, attempt
+
+    def _complete_passes_due(
+        self, run: ClaimedRun, tables: list[Table], checkpoints: RunCheckpoints
+    ) -> set[str]:
+        """The incremental tables to read whole in this run (their periodic complete pass is
+        due, or an earlier attempt of the run began it), whose cursors are withheld."""
+        periodic = [t for t in tables if t.mode is Mode.INCREMENTAL and t.complete_every]
+        if not periodic:
+            return set()
+        assert run.connection_id is not None
+        last = self._store.last_complete_passes(run.connection_id)
+        now = self._store.now()
+        due = set()
+        for table in periodic:
+            assert table.complete_every is not None
+            slices = checkpoints.of(table.name)
+            if slices:  # resumed: go on as the run began
+                if any(s.resync for s in slices.values()):
+                    due.add(table.name)
+                continue
+            when = last.get(table.name)
+            if when is None or now - when >= table.complete_every:
+                due.add(table.name)
+        return due
+
+    def _open_connector(
+        self,
+        run: ClaimedRun,
+        abort: AbortSignal,
+        budget: BudgetView,
+        logger: Logger,
+        checkpoints: RunCheckpoints,
+    ) -> tuple[Connector, RunContext]:
+        try:
+            cls, config, credentials = connector_inputs(
+                run.provider, run.config, run.credentials, self._secrets
+            )
+        except ConnectorSetupError as exc:
+            raise _StopAttempt(exc.error) from None
+        assert run.connection_id is not None
+        cursors = dict(run.cursors or {})
+        context = RunContext(
+            run=run,
+            connector_class=cls,
+            config=config,
+            credentials=credentials,
+            cursors=cursors,
+            abort=abort,
+            budget=budget,
+            store=self._store,
+            secrets=self._secrets,
+            settings=self._settings,
+            logger=logger,
+            checkpoints=checkpoints,
+            cache=HttpCache(self._store, run.lease, run.connection_id),
+        )
+        try:
+            return cls(context), context
+        except ConnectorError as exc:
+            raise _StopAttempt(RunError.of(exc)) from None
+        except Exception as exc:
+            logger.exception("connector %s failed to start", run.provider)
+            raise _StopAttempt(
+                RunError(ErrorKind.INTERNAL, f"the connector failed to start: {_brief(exc)}")
+            ) from None
+
+    def _sync_table(
+        self,
+        run: ClaimedRun,
+        connector: Connector,
+        table: Table,
+        abort: AbortSignal,
+        logger: Logger,
+        checkpoints: RunCheckpoints,
+        progress: RunProgress,
+        before: TableResult | None,
+    ) -> TableResult:
+        """Reads one table, slice by slice, and runs its tombstone pass once every slice is
+        settled. Returns this attempt's result for it."""
+        assert run.connection_id is not None
+        slices = _SliceResults(before)
+        names: list[str | None] | None = None
+        try:
+            with self._store.pool.connection() as conn:
+                writer = RecordWriter(
+                    conn,
+                    run.lease,
+                    run.connection_id,
+                    table,
+                    batch_size=self._settings.batch_size,
+                    abort=abort,
+                    progress=progress,
+                )
+                try:
+                    partitions = connector.partitions(table)
+                    listed: list[str | None] = (
+                        [None] if partitions is None else list(dict.fromkeys(partitions))
+                    )
+                    names = listed
+                    for round_ in (1, 2):
+                        resumed = checkpoints.of(table.name).values()
+                        if any(s.seen for s in resumed) and not _seen_keys_intact(conn, run, table):
+                            self._restart_table(conn, run, table, checkpoints, progress, logger)
+                        if self._read_slices(
+                            connector, table, listed, writer, abort, logger, checkpoints, slices
+                        ):
+                            break  # stopped: another attempt goes on
+                        if not self._tombstone(
+                            conn,
+                            run,
+                            connector,
+                            table,
+                            listed,
+                            abort,
+                            logger,
+                            checkpoints,
+                            progress,
+                            slices,
+                            last_round=round_ == 2,
+                        ):
+                            break
+                finally:
+                    writer.close()  # no batch may still be writing when conn goes back
+        except Exception as exc:
+            status, error = self._failure(exc, abort, logger, table)
+            slices.fail_table(status, error)
+        return slices.result(names, checkpoints.of(table.name), progress.table_total(table.name))
+
+    def _read_slices(
+        self,
+        connector: Connector,
+        table: Table,
+        names: list[str | None],
+        writer: RecordWriter,
+        abort: AbortSignal,
+        logger: Logger,
+        checkpoints: RunCheckpoints,
+        slices: _SliceResults,
+    ) -> bool:
+        """Reads every slice of the table that is not settled. True if the attempt must stop
+        here (aborted, rate limited, credentials refused)."""
+        for name in names:
+            found = checkpoints.get(table.name, name)
+            if (found is not None and found.done) or slices.failed_before(name):
+                continue
+            if found is not None and found.position is None:
+                # The connector gave no position to resume from: the slice is read again from
+                # its start, and what earlier attempts saw of it no longer counts.
+                writer.forget(name)
+                checkpoints.forget_slice(table.name, name)
+                found = None
+            if found is not None:
+                logger.info(
+                    "table %s%s resumes after page %d, where an earlier attempt left it",
+                    table.name,
+                    f" ({name})" if name else "",
+                    found.pages,
+                )
+            writer.begin(name, found)
+            try:
+                read = (
+                    connector.read(table) if name is None else connector.read_partition(table, name)
+                )
+                for item in read:
+                    abort.check()
+                    writer.write(item)
+                abort.check()
+                writer.end()
+            except psycopg.Error:
+                raise
+            except Exception as exc:
+                # Keep what was read before the stop or the failure, and where it got to.
+                if not isinstance(exc, LeaseLost) and abort.reason is not AbortReason.LEASE_LOST:
+                    self._flush_quietly(writer, logger)
+                status, error = self._failure(exc, abort, logger, table, name)
+                slices.add(name, TableResult(status, *_counts(writer), error=error))
+                if (
+                    name is None
+                    or isinstance(exc, Aborted | LeaseLost)
+                    or (error is not None and error.kind in _ENDS_ATTEMPT)
+                ):
+                    return True
+                continue
+            checkpoints.mark_done(table.name, name, resync=writer.resync)
+            slices.add(name, TableResult(TableStatus.SUCCEEDED, *_counts(writer)))
+        return False
+
+    def _tombstone(
+        self,
+        conn: Connection,
+        run: ClaimedRun,
+        connector: Connector,
+        table: Table,
+        names: list[str | None],
+        abort: AbortSignal,
+        logger: Logger,
+        checkpoints: RunCheckpoints,
+        progress: RunProgress,
+        slices: _SliceResults,
+        *,
+        last_round: bool,
+    ) -> bool:
+        """The tombstone pass, once every slice is done or failed for good: over the slices
+        read whole (None: the whole table). True if the table must be read again (its seen keys
+        were lost while it was read)."""
+        done = {n: c for n in names if (c := checkpoints.get(table.name, n)) and c.done}
+        if len(done) + sum(slices.failed(n) for n in names) < len(names):
+            return False  # a slice waits for another attempt: tombstone nothing yet
+        whole = [n or "" for n, c in done.items() if c.resync]
+        if not whole:
+            return False
+        if not _seen_keys_intact(conn, run, table):
+            if last_round:
+                raise RetryableError(
+                    f"the keys table {table.name!r} saw were lost twice in one attempt (Postgres "
+                    "restarted?); it is read again in the next attempt"
+                )
+            self._restart_table(conn, run, table, checkpoints, progress, logger)
+            return True
+        confirm = None
+        if table.shifting:
+
+            def confirm(partition: str | None, missing: Any) -> Any:
+                return connector.confirm_deleted(table, partition, missing)
+
+        assert run.connection_id is not None
+        gone = TombstonePass(conn, run.lease, run.connection_id, table, abort).run(
+            None if len(whole) == len(names) else whole, confirm=confirm
+        )
+        slices.tombstoned(gone)
+        return False
+
+    def _restart_table(
+        self,
+        conn: Connection,
+        run: ClaimedRun,
+        table: Table,
+        checkpoints: RunCheckpoints,
+        progress: RunProgress,
+        logger: Logger,
+    ) -> None:
+        logger.warning(
+            "the keys seen in table %s were lost (a crash restart of Postgres empties the "
+            "unlogged run_seen_keys): reading the table again from its start",
+            table.name,
+        )
+        assert run.connection_id is not None
+        TableWrites(conn, run.lease, run.connection_id, table.name).reset_checkpoints(None)
+        checkpoints.forget(table.name)
+        progress.forget_table(table.name)
+
+    def _failure(
+        self,
+        exc: BaseException,
+        abort: AbortSignal,
+        logger: Logger,
+        table: Table,
+        partition: str | None = None,
+    ) -> tuple[TableStatus, RunError | None]:
+        """What an exception that ended a table (or one of its partitions) means for it."""
+        status: TableStatus
+        error: RunError | None
+        if isinstance(exc, Aborted | LeaseLost):
+            if isinstance(exc, LeaseLost):
+                logger.warning("lease lost while writing table %s: stopping", table.name)
+                abort.trip(AbortReason.LEASE_LOST)
+            status = {
+                AbortReason.CANCELLED: TableStatus.CANCELLED,
+                AbortReason.TIMEOUT: TableStatus.RETRY,
+            }.get(abort.reason or AbortReason.LEASE_LOST, TableStatus.PENDING)
+            error = None
+        elif isinstance(exc, RetryableError):  # rate limits too, with their retry_after
+            status, error = TableStatus.RETRY, RunError.of(exc)
+        elif isinstance(exc, ConnectorError):  # permanent, auth, bad records
+            status, error = TableStatus.FAILED, RunError.of(exc)
+            if isinstance(exc, AuthError):
+                logger.warning("credentials refused: %s", exc.message)
+        elif isinstance(exc, psycopg.DataError):
+            status = TableStatus.FAILED
+            error = RunError(ErrorKind.RECORD, f"Postgres rejected a record: {first_line(exc)}")
+        elif isinstance(exc, psycopg.Error):
+            logger.warning("database error in table %s: %s", table.name, first_line(exc))
+            status = TableStatus.RETRY
+            error = RunError(ErrorKind.DATABASE, f"database error: {first_line(exc)}")
+        else:
+            logger.exception("connector raised an unexpected error in table %s", table.name)
+            status = TableStatus.RETRY
+            error = RunError(ErrorKind.INTERNAL, f"unexpected error: {_brief(exc)}")
+        if error is not None:
+            if partition is not None:
+                error = replace(error, message=f"{partition}: {error.message}", partition=partition)
+            error = error.with_message(redact.redact(error.message))
+        return status, error
+
+    @staticmethod
+    def _flush_quietly(writer: RecordWriter, logger: Logger) -> None:
+        try:
+            writer.flush(check_abort=False)
+        except Exception as exc:
+            logger.warning("could not write the records read before the stop: %s", _brief(exc))
+
+
+def _seen_keys_intact(conn: Connection, run: ClaimedRun, table: Table) -> bool:
+    assert run.connection_id is not None
+    return TableWrites(conn, run.lease, run.connection_id, table.name).seen_keys_intact(run.id)
+
+
+class _SliceResults:
+    """This attempt's results for the slices of one table (keyed '' for a table read whole),
+    beside what earlier attempts of the run left."""
+
+    def __init__(self, before: TableResult | None) -> None:
+        self._before = dict((before.partitions or {}) if before else {})
+        # A table an operator's retry made pending again reads its failed partitions again.
+        self._retried = before is None or before.status is TableStatus.PENDING
+        self._parts: dict[str, TableResult] = {}
+        self._failure: tuple[TableStatus, RunError | None] | None = None
+
+    def failed_before(self, name: str | None) -> bool:
+        """A partition an earlier attempt gave up for good is not read again."""
+        prior = self._before.get(name or "")
+        return (
+            name is not None
+            and not self._retried
+            and prior is not None
+            and prior.status is TableStatus.FAILED
+        )
+
+    def failed(self, name: str | None) -> bool:
+        now = self._parts.get(name or "")
+        return self.failed_before(name) or (now is not None and now.status is TableStatus.FAILED)
+
+    def add(self, name: str | None, result: TableResult) -> None:
+        self._parts[name or ""] = result
+
+    def tombstoned(self, gone: Mapping[str, int]) -> None:
+        for name, n in gone.items():
+            part = self._parts.setdefault(name, TableResult(TableStatus.SUCCEEDED))
+            part.tombstoned += n
+
+    def fail_table(self, status: TableStatus, error: RunError | None) -> None:
+        self._failure = (status, error)
+
+    def result(
+        self, names: list[str | None] | None, slices: Mapping[str, Any], total: int | None
+    ) -> TableResult:
+        counts = (
+            sum(p.upserted for p in self._parts.values()),
+            sum(p.unchanged for p in self._parts.values()),
+            sum(p.tombstoned for p in self._parts.values()),
+        )
+        partitioned = names != [None] and (names is not None or bool(self._before))
+        if not partitioned:
+            whole = self._parts.get("")
+            status, error = (
+                self._failure
+                if self._failure
+                else (whole.status, whole.error)
+                if whole
+                else (TableStatus.SUCCEEDED, None)
+            )
+            return TableResult(status, *counts, error, total)
+        latest: dict[str, TableResult] = {}
+        for name in [n or "" for n in names or []] or list(self._before):
+            found = self._parts.get(name) or self._before.get(name)
+            done = name in slices and slices[name].done
+            latest[name] = found or TableResult(
+                TableStatus.SUCCEEDED if done else TableStatus.PENDING
+            )
+        failing = [(n, r) for n, r in latest.items() if r.error]
+        if self._failure:
+            status, error = self._failure
+        else:
+            status = table_status(latest) if latest else TableStatus.SUCCEEDED
+            error = None
+            if failing and status is not TableStatus.SUCCEEDED:
+                error = failing[0][1].error
+                if error is not None and status is TableStatus.PARTIAL:
+                    gave_up = [n for n, r in latest.items() if r.status is TableStatus.FAILED]
+                    error = error.with_message(
+                        f"{len(gave_up)} of {len(latest)} partitions failed "
+                        f"({', '.join(gave_up)}); first: {error.message}"
+                    )
+        return TableResult(status, *counts, error, total, dict(self._parts))
+
+
+# A table error of these kinds ends the attempt: every other table would meet it too.
+_ENDS_ATTEMPT = frozenset({ErrorKind.RATE_LIMITED, ErrorKind.AUTH})
+
+
+def _counts(writer: RecordWriter) -> tuple[int, int, int]:
+    return writer.counts.upserted, writer.counts.unchanged, writer.counts.tombstoned
+
+
+def _brief(exc: BaseException) -> str:
+    text = first_line(exc)
+    return f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text

@@ -1,0 +1,162 @@
+"""The fenced statements of one table's read, on the connection the record writer holds: a
+batch of records with its slice's checkpoint, a checkpoint alone, deletions, a cursor, the
+steps of the tombstone pass and the end of the table. Each raises
+:class:`~sync.errors.LeaseLost` when its fence matched nothing, and is repeated after a
+transient failure (each statement is its own transaction, so a deadlock or a lock timeout is
+repeated as it is rather than failing the table)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from sync.db import Connection
+from sync.errors import LeaseLost
+from sync.queries import QUERIES
+from sync.store.retry import DEFAULT, RetryPolicy
+from sync.store.rows import BatchWritten, Lease, TombstoneStep, UnseenStep
+
+
+@dataclass(frozen=True)
+class SliceSave:
+    """A slice's checkpoint as a write saves it: its read position, whether it is done and read
+    whole (``resync``), pages read and the provider's total."""
+
+    slice: str  # the partition, '' for a table read whole
+    position: Any
+    done: bool
+    resync: bool
+    pages: int
+    total: int | None
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "slice": self.slice,
+            "position": None if self.position is None else Jsonb(self.position),
+            "done": self.done,
+            "resync": self.resync,
+            "pages": self.pages,
+            "total": self.total,
+        }
+
+
+class TableWrites:
+    """The fenced statements of one table of one run, on ``conn``."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        lease: Lease,
+        connection_id: int,
+        table_name: str,
+        *,
+        retry: RetryPolicy = DEFAULT,
+    ) -> None:
+        self._conn = conn
+        self._lease = lease
+        self._connection_id = connection_id
+        self._table_name = table_name
+        self._retry = retry
+
+    def _fenced(self, query: sql.SQL, **params: Any) -> dict[str, Any]:
+        full = {
+            "run_id": self._lease.id,
+            "lease_owner": self._lease.owner,
+            "connection_id": self._connection_id,
+            "table_name": self._table_name,
+            **params,
+        }
+        row: dict[str, Any] | None = self._retry.run(
+            lambda: self._conn.execute(query, full).fetchone()
+        )
+        if not row or not row["fenced"]:
+            raise LeaseLost()
+        return row
+
+    def write_batch(
+        self,
+        external_ids: list[str],
+        datas: list[str],
+        hashes: list[bytes],
+        *,
+        partition: str | None,
+        track_seen: bool,
+        checkpoint: SliceSave,
+        progress: Mapping[str, Any],
+    ) -> BatchWritten:
+        row = self._fenced(
+            QUERIES.write_record_batch,
+            external_ids=external_ids,
+            datas=datas,
+            hashes=hashes,
+            track_seen=track_seen,
+            partition=partition,
+            **checkpoint.params(),
+            **progress,
+        )
+        return BatchWritten(row["upserted"], row["unchanged"], row["seen"])
+
+    def save_checkpoint(self, checkpoint: SliceSave, progress: Mapping[str, Any]) -> None:
+        self._fenced(QUERIES.save_checkpoint, **checkpoint.params(), **progress)
+
+    def reset_checkpoints(self, partition: str | None) -> None:
+        """Forget how far this run read the table (or one partition of it)."""
+        self._fenced(QUERIES.reset_table_checkpoints, partition=partition)
+
+    def tombstone_ids(self, external_ids: list[str]) -> dict[str, int]:
+        """Tombstone rows known deleted upstream; how many per partition."""
+        tombstoned: dict[str, int] = self._fenced(QUERIES.tombstone_ids, external_ids=external_ids)[
+            "tombstoned"
+        ]
+        return tombstoned
+
+    def mark_missing(self, external_ids: list[str]) -> dict[str, int]:
+        """Rows a second complete listing missed are tombstoned (how many per partition); the
+        others are marked missed by this run."""
+        tombstoned: dict[str, int] = self._fenced(QUERIES.mark_missing, external_ids=external_ids)[
+            "tombstoned"
+        ]
+        return tombstoned
+
+    def save_cursor(self, cursor: Any, partition: str | None) -> None:
+        """An incremental table's cursor (one partition's, when named). Not repeated: it rides
+        after its batch and a failure fails the table."""
+        found = self._conn.execute(
+            QUERIES.save_cursor,
+            {
+                "run_id": self._lease.id,
+                "lease_owner": self._lease.owner,
+                "connection_id": self._connection_id,
+                "table_name": self._table_name,
+                "cursor": Jsonb(cursor),
+                "partition": partition,
+            },
+        ).fetchone()
+        if not found:
+            raise LeaseLost()
+
+    def tombstone_step(self, partitions: list[str] | None, after: str, limit: int) -> TombstoneStep:
+        row = self._fenced(
+            QUERIES.tombstone_unseen, partitions=partitions, after=after, limit=limit
+        )
+        return TombstoneStep.from_row(row)
+
+    def unseen_step(self, partitions: list[str] | None, after: str, limit: int) -> UnseenStep:
+        row = self._fenced(QUERIES.unseen_rows, partitions=partitions, after=after, limit=limit)
+        return UnseenStep.from_row(row)
+
+    def complete_table(self, *, stamp: bool) -> None:
+        """The end of the tombstone pass: stamp the complete pass, drop the seen keys."""
+        self._fenced(QUERIES.complete_table, stamp=stamp)
+
+    def seen_keys_intact(self, run_id: int) -> bool:
+        """Whether every seen key this run saved for the table is still there (a crash restart
+        of Postgres empties the unlogged run_seen_keys)."""
+        row = self._conn.execute(
+            QUERIES.check_seen_keys, {"run_id": run_id, "table_name": self._table_name}
+        ).fetchone()
+        return row is not None and row["present"] >= row["saved"]

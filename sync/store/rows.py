@@ -1,0 +1,136 @@
+"""The typed values the store takes and gives back: a lease, a claimed run, what a control read
+says, and the rows of the fenced statements."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, Self
+from uuid import UUID
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claim's hold on one leased row: the row's id, and the fencing token the claim wrote
+    as its lease owner. Every write the holder makes re-checks both."""
+
+    id: int
+    owner: UUID
+
+
+class _FromRow:
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        """The fields of this row type, taken by name from a row with perhaps more columns."""
+        return cls(**{f.name: row[f.name] for f in fields(cls)})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ClaimedRun(_FromRow):
+    """A run as the claim returned it, with what executing it needs of its connection."""
+
+    id: int
+    connection_id: int | None
+    workspace_id: int
+    provider: str
+    budget_key: str | None
+    kind: str
+    attempts: int
+    max_attempts: int
+    lease_owner: UUID
+    lease_expires_at: datetime
+    started_at: datetime | None
+    waits: int
+    results: dict[str, Any]
+    processed_units: int
+    connection_name: str | None
+    connection_status: str | None
+    config: dict[str, Any] | None
+    credentials: bytes | None
+    cursors: dict[str, Any] | None
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.id, self.lease_owner)
+
+
+@dataclass(frozen=True)
+class ClaimTerms:
+    """What a claim asks for: the claiming worker, the lease it takes, and the providers whose
+    syncs it can run (None: any). ``wakeable``: the worker listens on its own channel, so an
+    empty claim marks it idle, to be woken alone by the next run it can take."""
+
+    worker_id: str
+    lease_seconds: float
+    providers: list[str] | None
+    wakeable: bool = False
+
+
+@dataclass(frozen=True)
+class RunControl:
+    """The lease keeper's control read of a run it still holds."""
+
+    cancel_requested: bool
+    budget_blocked_until: datetime | None
+
+
+@dataclass(frozen=True)
+class Seal:
+    """How a run ends: its terminal status, results (the run's totals, and this attempt's own
+    counts), error, processed units (a purge's count; None keeps the run's) and whether its
+    connection is disconnected (credentials refused for good)."""
+
+    lease: Lease
+    status: str
+    results: dict[str, Any]
+    attempt_results: dict[str, Any]
+    error: dict[str, Any] | None
+    processed_units: int | None = None
+    disconnect: bool = False
+
+
+@dataclass(frozen=True)
+class BatchWritten:
+    upserted: int
+    unchanged: int
+    seen: int
+
+
+@dataclass(frozen=True)
+class TombstoneStep(_FromRow):
+    last_key: str | None
+    scanned: int
+    tombstoned: dict[str, int]
+
+
+@dataclass(frozen=True)
+class UnseenStep(_FromRow):
+    last_key: str | None
+    scanned: int
+    unseen: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class SliceRow(_FromRow):
+    """One slice's checkpoint row (``partition`` '' for a table read whole)."""
+
+    table_name: str
+    partition: str
+    position: Any
+    done: bool
+    resync: bool
+    pages: int
+    records: int
+    total: int | None
+    seen: int
+
+
+@dataclass(frozen=True)
+class WorkerRow(_FromRow):
+    id: str
+    hostname: str
+    pid: int
+    incarnation: UUID | None
+    stopped_at: datetime | None
+    since_heartbeat: Any  # a timedelta
