@@ -34,6 +34,10 @@ ACTION_ROUTES = {
     "/connections/{connection_id:int}/resume": "/connections/1/resume",
     "/runs/{run_id:int}/cancel": "/runs/1/cancel",
     "/runs/{run_id:int}/retry": "/runs/1/retry",
+    "/queues/{queue}/redrive": "/queues/mail/redrive",
+    "/jobs/{job_id:int}/cancel": "/jobs/1/cancel",
+    "/jobs/{job_id:int}/retry": "/jobs/1/retry",
+    "/ingestions/{ingestion_id:int}/cancel": "/ingestions/1/cancel",
 }
 ACTIONS = list(ACTION_ROUTES.values())
 
@@ -69,7 +73,17 @@ def state(engine: Engine) -> tuple[str, str, int]:
 
 def test_with_a_token_a_request_without_it_gets_401(engine: Engine, queued_run: Any) -> None:
     with serving(engine, UiOptions(token=TOKEN)) as url, httpx.Client(base_url=url) as client:
-        for path in ("/connections", "/runs", "/runs/1", "/runs/1/live", "/workers", "/metrics"):
+        for path in (
+            "/connections",
+            "/runs",
+            "/runs/1",
+            "/runs/1/live",
+            "/queues",
+            "/jobs",
+            "/ingestions",
+            "/workers",
+            "/metrics",
+        ):
             assert client.get(path).status_code == 401, path
             wrong = client.get(path, headers={"authorization": "Bearer not-the-token"})
             assert wrong.status_code == 401, path
@@ -271,7 +285,16 @@ def test_the_page_works_under_the_runtime_role(
         with pytest.raises(Exception, match="may not change the schema"):
             limited.migrate()  # no DDL rights, as intended
         with serving(limited) as base, httpx.Client(base_url=base) as client:
-            for path in ("/connections", "/runs", "/runs/1", "/workers", "/metrics"):
+            for path in (
+                "/connections",
+                "/runs",
+                "/runs/1",
+                "/queues",
+                "/jobs",
+                "/ingestions",
+                "/workers",
+                "/metrics",
+            ):
                 assert client.get(path).status_code == 200, path
             token = csrf_token(client, "/runs/1")
             assert client.post("/runs/1/cancel", data={"csrf_token": token}).status_code == 303
