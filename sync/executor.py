@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -66,6 +67,7 @@ from sync.retry_policy import (
 from sync.secrets import SecretBox
 from sync.settings import Settings
 from sync.tombstones import TombstonePass
+from sync.worker_metrics import WorkerMetrics
 
 log = logging.getLogger("sync.run")
 
@@ -291,8 +293,10 @@ class Executor:
         worker_id: str,
         *,
         providers: list[str] | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._providers = providers  # what the claim of the next run may take
+        self._metrics = metrics
         self._pool = pool
         self._settings = settings
         self._secrets = secrets
@@ -321,10 +325,11 @@ class Executor:
         watch = self._keeper.watch(run.lease, abort, on_control=budget.learn, logger=logger)
         logger.info("%s run started (attempt %d of %d)", run.kind, run.attempts, run.max_attempts)
         outcome: Outcome | None = None
+        attempt: dict[str, TableResult] = {}
+        started = time.monotonic()
         try:
             if run.kind == "purge":
                 outcome, results, processed = self._purge(run, abort, logger)
-                attempt: dict[str, TableResult] = {}
             else:
                 outcome, results, attempt = self._sync(run, abort, budget, logger)
                 processed = None
@@ -334,6 +339,9 @@ class Executor:
         finally:
             self._keeper.release(watch)
             self.current = None
+            if self._metrics is not None:
+                elapsed = time.monotonic() - started
+                self._metrics.attempt_ended(run.kind, run.provider, outcome, elapsed, attempt)
             # Seen keys serve every attempt of the run: they go when the run has ended.
             if self._seen_keys_left and outcome is not None and outcome.action is Action.FINISH:
                 self._clear_seen_keys(run, logger)

@@ -21,14 +21,16 @@ import os
 import signal
 import socket
 import threading
+import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from importlib.metadata import PackageNotFoundError, version
 from types import FrameType
 from typing import Any
 
 import psycopg
+from prometheus_client.core import CounterMetricFamily
 from psycopg.types.json import Jsonb
 from psycopg_pool import PoolTimeout
 
@@ -47,8 +49,12 @@ from sync.secrets import SecretBox
 from sync.services import Cleaner, Heartbeat, ScheduleEnqueuer, SeenKeySweeper, Service
 from sync.settings import Settings
 from sync.signals import TestSignal
+from sync.worker_metrics import WorkerMetrics, counter_family
 
 log = logging.getLogger("sync.worker")
+
+# The kinds of leased work a worker runs, exported as zeros before their first lease is lost.
+LEASE_KINDS = ("run", "job", "ingestion")
 
 # Worker ids registered by the Worker objects of this process that are still open: a previous
 # incarnation recorded with this process's own pid is one of them, or a dead process whose pid
@@ -202,8 +208,16 @@ class Worker:
         self._lanes = Lanes.from_settings(queues, self._keeper, settings) if queues else None
         on_job = self._lanes.wake if self._lanes is not None else None
         self._listener = Listener(settings, url, self._wake, on_job) if listen else None
+        self.metrics = WorkerMetrics()
+        self.metrics.watch(self._keeper_figures)
         self._executor = Executor(
-            pool, settings, secrets, self._keeper, self.id, providers=self.providers
+            pool,
+            settings,
+            secrets,
+            self._keeper,
+            self.id,
+            providers=self.providers,
+            metrics=self.metrics,
         )
         self._current_run_id: int | None = None
         self.stage_failures: dict[str, int] = {}
@@ -388,6 +402,7 @@ class Worker:
             return False
         run, self._prefetched = self._prefetched, None
         if run is None:
+            began = time.monotonic()
             with self._pool.connection() as conn:
                 row = conn.execute(
                     QUERIES.claim_run,
@@ -397,6 +412,8 @@ class Worker:
                         "providers": self.providers,
                     },
                 ).fetchone()
+            found = "empty" if row is None else "claimed"
+            self.metrics.claim_seconds.labels(found).observe(time.monotonic() - began)
             if row is None:
                 return False
             run = ClaimedRun.from_row(row)
@@ -411,6 +428,25 @@ class Worker:
             self._current_run_id = None
             self.runs_executed += 1
         return True
+
+    def _keeper_figures(self) -> Iterator[CounterMetricFamily]:
+        """What the lease keeper and the poll loop count, for this worker's registry."""
+        yield counter_family(
+            "lease_losses",
+            "Leases this worker found lost (expired, or taken by another worker), by kind of "
+            "work: its attempt stopped writing",
+            "kind",
+            {**dict.fromkeys(LEASE_KINDS, 0), **self._keeper.losses},
+        )
+        yield counter_family(
+            "lease_renewals",
+            "Lease renewals that extended a lease, by kind of work",
+            "kind",
+            {**dict.fromkeys(LEASE_KINDS, 0), **self._keeper.renewals},
+        )
+        yield counter_family(
+            "stage_failures", "Poll stages that raised, by stage", "stage", self.stage_failures
+        )
 
     def _hand_back_prefetched(self) -> None:
         """A run claimed with the last finish but not started: back to the queue, no attempt
