@@ -157,7 +157,7 @@ def test_the_workers_page_shows_each_workers_lanes_and_providers(
         with serving(engine) as url, httpx.Client(base_url=url) as client:
             page = client.get("/workers", headers=HTML).text
             row = row_of(page, f'data-worker="{worker.id}"', by="")
-            assert "mail</a>&nbsp;×3" in row
+            assert "mail</a>&nbsp;&times;3" in row
             assert "ui_gated" in row or "memory" in row  # what syncs it can run
             queues = client.get("/queues", headers=HTML).text
             assert '<td class="lanes">3</td>' in row_of(queues, "queue-mail")
