@@ -40,7 +40,7 @@ from connectors.errors import (
     RateLimited,
     RetryableError,
 )
-from sync import redact
+from sync import redact, tracing
 from sync.abort import AbortSignal
 from sync.checkpoints import RunCheckpoints, seen_keys_intact
 from sync.connector_setup import ConnectorSetupError, connector_inputs
@@ -67,7 +67,7 @@ from sync.retry_policy import (
 from sync.secrets import SecretBox
 from sync.settings import Settings
 from sync.tombstones import TombstonePass
-from sync.worker_metrics import WorkerMetrics
+from sync.worker_metrics import WorkerMetrics, outcome_label
 
 log = logging.getLogger("sync.run")
 
@@ -327,6 +327,16 @@ class Executor:
         outcome: Outcome | None = None
         attempt: dict[str, TableResult] = {}
         started = time.monotonic()
+        span = tracing.begin(
+            f"connector_sync.{run.kind}",
+            {
+                "connector_sync.run_id": run.id,
+                "connector_sync.connection_id": run.connection_id or 0,
+                "connector_sync.provider": run.provider,
+                "connector_sync.attempt": run.attempts,
+                "connector_sync.worker_id": self._worker_id,
+            },
+        )
         try:
             if run.kind == "purge":
                 outcome, results, processed = self._purge(run, abort, logger)
@@ -342,6 +352,13 @@ class Executor:
             if self._metrics is not None:
                 elapsed = time.monotonic() - started
                 self._metrics.attempt_ended(run.kind, run.provider, outcome, elapsed, attempt)
+            ended = outcome_label(outcome)
+            failed = ended in ("failed", "error", "requeue")
+            tracing.end(
+                span,
+                {"connector_sync.outcome": ended},
+                error=_span_error(outcome) if failed else None,
+            )
             # Seen keys serve every attempt of the run: they go when the run has ended.
             if self._seen_keys_left and outcome is not None and outcome.action is Action.FINISH:
                 self._clear_seen_keys(run, logger)
@@ -385,6 +402,10 @@ class Executor:
                 if abort.is_set:
                     break
                 progress.begin_table(table.name)
+                table_span = tracing.begin(
+                    "connector_sync.table",
+                    {"connector_sync.table": table.name, "connector_sync.run_id": run.id},
+                )
                 result = self._sync_table(
                     run,
                     connector,
@@ -394,6 +415,16 @@ class Executor:
                     checkpoints,
                     progress,
                     before.get(table.name),
+                )
+                tracing.end(
+                    table_span,
+                    {
+                        "connector_sync.status": result.status.value,
+                        "connector_sync.upserted": result.upserted,
+                        "connector_sync.unchanged": result.unchanged,
+                        "connector_sync.tombstoned": result.tombstoned,
+                    },
+                    error=(result.error or {}).get("message") if result.error else None,
                 )
                 logger.info("table %s %s %s", table.name, result.status.value, result.to_json())
                 if table.files and result.status in (TableStatus.SUCCEEDED, TableStatus.PARTIAL):
@@ -1035,6 +1066,12 @@ class _SliceResults:
 
 def _counts(writer: RecordWriter) -> tuple[int, int, int]:
     return writer.counts.upserted, writer.counts.unchanged, writer.counts.tombstoned
+
+
+def _span_error(outcome: Outcome | None) -> str:
+    if outcome is None:
+        return "the attempt raised"
+    return str((outcome.error or {}).get("message") or outcome_label(outcome))
 
 
 def _brief(exc: BaseException) -> str:
