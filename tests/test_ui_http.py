@@ -12,11 +12,13 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from prometheus_client import generate_latest
 from starlette.routing import Route
 
 from connectors import PermanentError
 from sync import Engine
 from sync.db import describe
+from sync.queues import queue_spec
 from sync.testing import run_sync
 from sync.ui.app import UiOptions, create_app
 from tests.conftest import DATABASE_URL, make_settings
@@ -330,8 +332,19 @@ def test_a_canary_credential_appears_in_no_page_metric_or_log(
             config={"dataset": bad_key},
             credentials={"token": credential},
         )
-        failed = run_sync(engine, broken.id)
+        worker = engine.worker(listen=False)
+        failed = run_sync(engine, broken.id, worker=worker)
         engine.sync(good.id)
+        # A job whose handler's error carries the credential, dead in its dead-letter queue.
+        engine.queues.declare_queue(queue_spec("mail.dead"))
+        engine.queues.declare_queue(queue_spec("mail", retry_limit=0, dead_letter="mail.dead"))
+
+        def leak(job: Any, abort: Any) -> None:
+            raise RuntimeError(f"the server said: bad token {credential}")
+
+        engine.queues.register("mail", leak)
+        job_id = engine.queues.send("mail", {"to": "ops@example.com"})
+        engine.queues.run_due()
         options = UiOptions(token=token, database=describe(url))
         seen: list[str] = []
         with serving(engine, options) as base, httpx.Client(base_url=base) as client:
@@ -343,6 +356,14 @@ def test_a_canary_credential_appears_in_no_page_metric_or_log(
                 "/runs/live",
                 "/workers",
                 "/workers/live",
+                "/queues",
+                "/queues/live",
+                "/jobs",
+                "/jobs/live",
+                f"/jobs/{job_id}",
+                f"/jobs/{job_id}/live",
+                "/ingestions",
+                "/ingestions/live",
                 "/metrics",
                 "/runs/999",
                 "/nope",
@@ -359,9 +380,16 @@ def test_a_canary_credential_appears_in_no_page_metric_or_log(
             cancel = csrf_token(client, "/runs")
             done = client.post(f"/runs/{failed.id}/retry", data={"csrf_token": cancel})
             seen.append(done.text + str(done.headers))
+            redrive = client.post("/queues/mail.dead/redrive", data={"csrf_token": cancel})
+            seen.append(redrive.text + str(redrive.headers))
+        # The worker's own registry.
+        seen.append(generate_latest(worker.metrics.registry).decode())
+        worker.close()
     seen.extend(record.getMessage() for record in caplog.records)
     seen.extend(str(record.args) for record in caplog.records)
     assert any("GET /runs" in line for line in seen)  # the access log was captured
     everything = "\n".join(seen)
+    assert "the server said: bad token" in everything  # the job's error was on its page
+    assert "connector_sync_worker_records_total" in everything
     for canary in (credential, password, token):
         assert canary not in everything
