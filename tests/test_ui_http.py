@@ -5,6 +5,8 @@ reaches a page, a metric or a log line."""
 from __future__ import annotations
 
 import logging
+import re
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +18,7 @@ from prometheus_client import generate_latest
 from starlette.routing import Route
 
 from connectors import PermanentError
+from connectors.errors import RateLimited
 from sync import Engine
 from sync.db import describe
 from sync.queues import queue_spec
@@ -23,7 +26,7 @@ from sync.testing import run_sync
 from sync.ui.app import UiOptions, create_app
 from tests.conftest import DATABASE_URL, make_settings
 from tests.test_sync_flow import items, new_dataset
-from tests.ui_support import csrf_token, serving
+from tests.ui_support import GATES, csrf_token, new_gate, serving
 
 HTML = {"accept": "text/html"}
 TOKEN = "ui-token-" + uuid.uuid4().hex
@@ -393,3 +396,38 @@ def test_a_canary_credential_appears_in_no_page_metric_or_log(
     assert "connector_sync_worker_records_total" in everything
     for canary in (credential, password, token):
         assert canary not in everything
+
+
+# -- what a run is doing ---------------------------------------------------------------------------
+
+
+def test_a_runs_page_says_where_it_is_and_what_it_waits_for(schema: str) -> None:
+    with Engine(make_settings(schema, batch_size=25)) as engine:
+        engine.migrate()
+        ws = engine.create_workspace("acme")
+        limited_key, limited_data = new_dataset(items=items(1))
+        limited_data.failures["items"] = (0, RateLimited("slow down", retry_after=600))
+        limited = engine.create_connection(
+            ws.id, "limited", "memory", config={"dataset": limited_key}
+        )
+        waiting = engine.sync(limited.id)
+        worker = engine.worker(listen=False)
+        worker.poll()  # the oldest run: it meets the rate limit and waits
+        gate = new_gate(rows=100, pause_at=50)
+        gated = engine.create_connection(ws.id, "gated", "ui_gated", config={"gate": gate})
+        running = engine.sync(gated.id)
+        polling = threading.Thread(target=worker.poll)
+        with serving(engine) as url, httpx.Client(base_url=url) as client:
+            page = client.get(f"/runs/{waiting.id}", headers=HTML).text
+            assert "waiting for the memory rate limit until" in page
+            assert "waited 1 time so far" in page
+            listing = client.get("/runs", headers=HTML).text
+            assert re.search(r"waiting for the memory rate limit, in (9|10)m", listing)
+            polling.start()
+            assert GATES[gate].reached.wait(60)
+            page = client.get(f"/runs/{running.id}/live", headers=HTML).text
+            assert "now: table 1 of 1 (items)" in page and "50 records" in page
+            GATES[gate].release.set()
+            polling.join(60)
+        worker.close()
+        assert engine.run(running.id).status == "succeeded"

@@ -13,6 +13,7 @@ from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from sync.api import Engine
+from sync import progress as run_progress
 from sync.ui import display
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
@@ -22,7 +23,9 @@ templates.env.filters.update(
     error_headline=display.error_headline,
     error_details=display.error_details,
 )
-templates.env.globals.update(relative=display.relative, progress=display.progress)
+templates.env.globals.update(
+    relative=display.relative, progress=display.progress, position=run_progress.describe
+)
 
 
 def render(
