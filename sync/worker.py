@@ -205,11 +205,13 @@ class Worker:
         # also when poll() is called without the services' timers.
         self._keeper = LeaseKeeper.for_url(settings, url, on_tick=self.heartbeat.run_if_due)
         # The application queues' lanes, if CONNECTOR_SYNC_LANES gives this process any.
-        self._lanes = Lanes.from_settings(queues, self._keeper, settings) if queues else None
-        on_job = self._lanes.wake if self._lanes is not None else None
-        self._listener = Listener(settings, url, self._wake, on_job) if listen else None
         self.metrics = WorkerMetrics()
         self.metrics.watch(self._keeper_figures)
+        self._lanes = (
+            Lanes.from_settings(queues, self._keeper, settings, self.metrics) if queues else None
+        )
+        on_job = self._lanes.wake if self._lanes is not None else None
+        self._listener = Listener(settings, url, self._wake, on_job) if listen else None
         self._executor = Executor(
             pool,
             settings,

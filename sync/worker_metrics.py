@@ -3,10 +3,10 @@
 
 These are what only the process sees, so they are counted where it happens and reset when the
 process restarts (Prometheus' ``rate()`` and ``increase()`` expect exactly that): how long
-claims and runs take, the records its runs upserted, left unchanged and tombstoned, rate-limit
-waits by provider, leases it lost, lease renewals, failing poll stages. Fleet-wide figures (runs
-by status, queue depths, dead letters, workers alive) come from the database, at the operator
-page's ``/metrics``.
+claims, runs and application jobs take, the records its runs upserted, left unchanged and
+tombstoned, rate-limit waits by provider, leases it lost, lease renewals, failing poll stages.
+Fleet-wide figures (runs by status, queue depths, dead letters, workers alive) come from the
+database, at the operator page's ``/metrics``.
 """
 
 from __future__ import annotations
@@ -54,6 +54,21 @@ class WorkerMetrics:
             f"{PREFIX}_run_seconds",
             "How long an attempt of a run took, from its claim to its end, by how it ended",
             ["kind", "provider", "outcome"],
+            buckets=RUN_BUCKETS,
+            registry=r,
+        )
+        self.job_claim_seconds = Histogram(
+            f"{PREFIX}_job_claim_seconds",
+            "How long a lane's claim of an application queue took",
+            ["queue"],
+            buckets=CLAIM_BUCKETS,
+            registry=r,
+        )
+        self.job_seconds = Histogram(
+            f"{PREFIX}_job_seconds",
+            "How long an attempt of an application job took in a lane, by how it ended "
+            "(completed, failed, or lost: cancelled or taken back meanwhile)",
+            ["queue", "outcome"],
             buckets=RUN_BUCKETS,
             registry=r,
         )

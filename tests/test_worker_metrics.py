@@ -17,11 +17,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from connectors import PermanentError
 from connectors.errors import RateLimited
 from sync import Engine
+from sync.db import connect
+from sync.job_lanes import Lanes
+from sync.lease import LeaseKeeper
+from sync.queues import Job, JobStatus, queue_spec
+from sync.queues.postgres import PostgresQueues
 from sync.testing import run_sync
-from sync.worker_metrics import MetricsServer
+from sync.worker_metrics import MetricsServer, WorkerMetrics
 from tests.conftest import make_settings
 from tests.test_sync_flow import items, new_dataset
 from tests.ui_support import GATES, new_gate
+from tests.waiting import until
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -150,3 +156,38 @@ def test_the_metrics_port_serves_the_registry(engine: Engine) -> None:
     finally:
         served.stop()
         worker.close()
+
+
+def test_lanes_time_their_claims_and_each_jobs_attempt(engine: Engine) -> None:
+    settings = engine.settings.model_copy(update={"poll_interval": 0.05})
+    url = engine.settings.database_url
+    assert url is not None
+    keeper = LeaseKeeper(settings, lambda: connect(settings, url))
+    queues = PostgresQueues(engine.pool)
+    queues.declare_queue(queue_spec("mail", retry_limit=0))
+
+    def deliver(job: Job, abort: Any) -> None:
+        if job.payload["bounce"]:
+            raise RuntimeError("mailbox unavailable")
+
+    queues.register("mail", deliver)
+    bounced = queues.send("mail", {"bounce": True})  # one lane: it runs first, then the other
+    delivered = queues.send("mail", {"bounce": False})
+    metrics = WorkerMetrics()
+    lanes = Lanes(queues, {"mail": 1}, keeper, settings, metrics)
+    lanes.start()
+    try:
+        until(
+            lambda: queues.get_job(delivered).status is JobStatus.COMPLETED,
+            lanes.completions.flushed,
+        )
+    finally:
+        lanes.stop()
+        keeper.stop()
+    assert queues.get_job(bounced).status is JobStatus.DEAD
+    samples = parse(generate_latest(metrics.registry).decode())
+    jobs = "connector_sync_worker_job_seconds_count"
+    assert of(samples, jobs, queue="mail", outcome="completed") == 1
+    assert of(samples, jobs, queue="mail", outcome="failed") == 1
+    claims = of(samples, "connector_sync_worker_job_claim_seconds_count", queue="mail")
+    assert claims == lanes.claims

@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
-from sync.api import Engine
 from sync import progress as run_progress
+from sync.api import Engine
 from sync.ui import display
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
