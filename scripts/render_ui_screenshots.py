@@ -171,6 +171,7 @@ def main(output: Path) -> None:
                         "ui-jobs": ("/jobs", f"#job-{bounced}"),
                         "ui-job": (f"/jobs/{bounced}", "#job[data-status=dead]"),
                         "ui-ingestions": ("/ingestions", f"#ingestion-{lost}[data-status=failed]"),
+                        "ui-ingestion": (f"/ingestions/{ready}", "#ingestion[data-status=ready]"),
                         "ui-workers": ("/workers", "#workers tr[data-state=alive] .lanes a"),
                     }
                     for name, (path, ready) in shots.items():
