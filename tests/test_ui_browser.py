@@ -229,3 +229,28 @@ def test_a_redrive_from_the_page_requeues_a_dead_letter(
         expect(page.locator("#job")).to_have_attribute("data-status", "completed")
         browser.screenshot("job-redriven")
         browser.leave()
+
+
+def test_a_click_that_spans_a_reload_of_the_live_part_still_lands(
+    fast_engine: Engine, browser: Browser
+) -> None:
+    """The live parts reload every refresh; a button pressed before a reload and released after
+    it must still act (a press and a release on two copies of the button are no click)."""
+    gate = new_gate(rows=5, pause_at=5)
+    GATES[gate].release.set()
+    connection = gated_connection(fast_engine, gate)
+    page = browser.page
+    with serving(fast_engine) as url:
+        page.goto(f"{url}/connections")
+        button = page.locator(f"#connection-{connection}").get_by_role("button", name="Pause")
+        button.hover()  # the pointer on the button, as a person's before pressing it
+        page.mouse.down()
+        with page.expect_response(re.compile(r"/connections/live")) as reloaded:
+            pass
+        assert reloaded.value.status == 200
+        # The reload's answer has arrived; give htmx its turn to apply it.
+        page.evaluate("() => new Promise(done => requestAnimationFrame(() => done(null)))")
+        page.mouse.up()
+        expect(page.locator(f"#connection-{connection}")).to_contain_text("paused")
+        browser.leave()
+    assert fast_engine.connection(connection).status == "paused"
