@@ -895,7 +895,7 @@ SELECT set_config('statement_timeout', %(timeout)s, true);
 -- retention keeps: the live runs and the queue (connection_runs_claimable), the runs finished in
 -- the last `window_seconds` and their per-table record counts (connection_runs_retention), the
 -- dead letters (connection_runs_dead_letters), the workers, and per application queue its
--- waiting jobs (jobs_due), active ones (jobs_expiring) and dead letters (jobs_finished). Read-only.
+-- waiting jobs (jobs_due), active ones (jobs_expiring) and dead letters (jobs_dead). Read-only.
 WITH live AS (
     SELECT kind, provider, status, count(*) AS count
       FROM connection_runs

@@ -258,3 +258,40 @@ def test_application_queues_are_exported_per_queue_as_the_database_counts_them(
     assert by_hand["mail.dead"]["dead"] == 2
     oldest = by_queue("connector_sync_queue_oldest_due_seconds")
     assert 1200 <= oldest["mail"] < 3600 and oldest["idle"] == 0 and oldest["runs"] == 0
+
+
+JOBS_HISTORY = """
+INSERT INTO jobs (queue, origin_queue, payload, status, attempts, run_after, created_at,
+                  finished_at)
+SELECT 'mail', 'mail', '{}', 'completed', 1, now() - interval '1 day', now() - interval '1 day',
+       now() - interval '1 day'
+  FROM generate_series(1, 30000) g;
+INSERT INTO jobs (queue, origin_queue, payload, status, attempts, run_after, created_at,
+                  finished_at)
+SELECT 'mail.dead', 'mail', '{}', 'dead', 3, now(), now(), now() FROM generate_series(1, 20) g;
+INSERT INTO jobs (queue, origin_queue, payload, status, run_after, created_at)
+SELECT 'mail', 'mail', '{}', 'queued', now(), now() FROM generate_series(1, 50) g;
+"""
+
+
+def test_a_scrape_reads_no_finished_job_to_count_dead_letters(engine: Engine, admin: Any) -> None:
+    """With 30,000 completed jobs kept by retention, the application queues' part of the
+    snapshot reads the waiting, active and dead jobs through indexes that hold only those,
+    never the table."""
+    engine.queues.declare_queue(queue_spec("mail.dead"))
+    engine.queues.declare_queue(queue_spec("mail", dead_letter="mail.dead"))
+    admin.execute(JOBS_HISTORY)
+    admin.execute("VACUUM ANALYZE jobs")
+    row, plans = explained(
+        admin, QUERIES.metrics_snapshot, {"window_seconds": 3600, "stale_after_seconds": 45}
+    )
+    assert row is not None
+    figures = {q["name"]: q for q in row["app_queues"]}
+    assert (figures["mail.dead"]["dead"], figures["mail"]["due"]) == (20, 50)
+    scans = [n for n in nodes(plans[-1]["Plan"]) if n.get("Relation Name") == "jobs"]
+    assert scans and not any(n["Node Type"] == "Seq Scan" for n in scans), scans
+    touched = sum(n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0) for n in scans)
+    table_blocks = admin.execute(
+        "SELECT relpages FROM pg_class WHERE oid = 'jobs'::regclass"
+    ).fetchone()["relpages"]
+    assert touched < 50 < table_blocks, (touched, table_blocks)
