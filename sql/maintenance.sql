@@ -154,3 +154,66 @@ WITH doomed AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM doomed) AS found, (SELECT count(*) FROM gone) AS deleted;
+
+-- name: prune_jobs_batch
+-- Deletes one bounded batch of finished application jobs (completed, dead, cancelled) that
+-- finished longer ago than the retention of the queue they are in, oldest first per queue
+-- (jobs_finished), with their attempts (ON DELETE CASCADE). It is the rule the lanes apply
+-- (prune_jobs in sql/queues.sql), run here too so that jobs are pruned, and counted by
+-- `prune --dry-run`, whether or not a worker runs lanes. A dead job lives in its dead-letter
+-- queue, so that queue's retention keeps it. Invariants: a job that is queued, retrying or
+-- active is never deleted; the DELETE re-checks status and age on the row, so a job redriven
+-- meanwhile stays. Returns the jobs met, deleted, and the attempts of the jobs it deleted (or,
+-- without `delete`, would delete).
+WITH doomed AS (
+    SELECT d.id FROM job_queues q
+     CROSS JOIN LATERAL (
+         SELECT j.id FROM jobs j
+          WHERE j.queue = q.name AND j.status IN ('completed', 'dead', 'cancelled')
+            AND j.finished_at < now() - make_interval(secs => q.retention)
+          ORDER BY j.finished_at
+          LIMIT %(limit)s) d
+     LIMIT %(limit)s
+), gone AS (
+    DELETE FROM jobs j
+     USING job_queues q
+     WHERE %(delete)s AND j.id = ANY (ARRAY(SELECT id FROM doomed)) AND q.name = j.queue
+       AND j.status IN ('completed', 'dead', 'cancelled')
+       AND j.finished_at < now() - make_interval(secs => q.retention)
+    RETURNING j.id
+), counted AS (
+    SELECT id FROM gone
+    UNION ALL
+    SELECT id FROM doomed WHERE NOT %(delete)s
+)
+SELECT (SELECT count(*) FROM doomed) AS found, (SELECT count(*) FROM gone) AS deleted,
+       (SELECT count(*) FROM job_attempts a WHERE a.job_id IN (SELECT id FROM counted))
+           AS attempts;
+
+-- name: prune_ingestions_batch
+-- Deletes one bounded batch of finished ingestions (ready, skipped, failed, cancelled) that
+-- finished longer than `older_than` ago, oldest first (ingestions_finished). The documents
+-- and chunks they made are data, not history, and stay. Invariants: an ingestion that is
+-- queued or running is never deleted; nor is an archive while one of its member files is
+-- queued or running (the member's row names it); the DELETE re-checks status and age on the
+-- row, so an ingestion queued again meanwhile stays.
+WITH doomed AS (
+    SELECT i.id FROM ingestions i
+     WHERE i.status IN ('ready', 'skipped', 'failed', 'cancelled')
+       AND i.finished_at < now() - %(older_than)s::interval
+       -- Asked only of the archives met (a subplan under OR, never an anti-join of every
+       -- finished row), so the walk stays the next `limit` rows of the index.
+       AND (i.kind <> 'archive'
+            OR NOT EXISTS (SELECT 1 FROM ingestions m
+                            WHERE m.archive_id = i.id AND m.status IN ('queued', 'running')))
+     ORDER BY i.finished_at, i.id
+     LIMIT %(limit)s
+), gone AS (
+    -- An array of ids: one primary-key probe each, whatever the plan of a join would be.
+    DELETE FROM ingestions i
+     WHERE %(delete)s AND i.id = ANY (ARRAY(SELECT id FROM doomed))
+       AND i.status IN ('ready', 'skipped', 'failed', 'cancelled')
+       AND i.finished_at < now() - %(older_than)s::interval
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM doomed) AS found, (SELECT count(*) FROM gone) AS deleted;

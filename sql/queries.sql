@@ -309,9 +309,11 @@ SELECT (SELECT count(*) FROM advanced) AS due, (SELECT count(*) FROM queued) AS 
 -- slice (table and partition) they belong to: its read position, counts and whether it is done.
 -- A position therefore never commits before the records it covers. Unchanged rows are filtered
 -- out by comparing content hashes in one indexed join *before* the upsert, so they are never
--- locked, rewritten or logged. New, changed, tombstoned-then-seen-again rows, rows read from
--- another partition and rows an earlier listing missed are upserted; the keys of unchanged rows
--- go to run_seen_keys (per run) for the tombstone anti-join. Fenced by the progress update of
+-- locked, rewritten or logged. New, changed, tombstoned-then-seen-again rows and rows read from
+-- another partition are upserted; the keys of unchanged rows go to run_seen_keys (per run) for
+-- the tombstone anti-join. An unchanged row that an earlier complete listing missed only has its
+-- mark cleared: it counts as unchanged and keeps its updated_at, since its data did not change
+-- (the upsert and the clearing touch disjoint rows). Fenced by the progress update of
 -- the run row. The arrays travel in binary (the `b` placeholders): text-format quoting of a
 -- thousand 1 KB strings costs more than the rest of the write. The lookup is a LATERAL probe
 -- with LIMIT 1, so it stays one index probe per incoming key whatever the statistics say.
@@ -332,9 +334,9 @@ WITH async AS (
 ), compared AS (
     SELECT i.external_id, i.data, i.content_hash,
            coalesce(s.content_hash = i.content_hash AND s.deleted_at IS NULL
-                    AND s.missed_by IS NULL
                     AND s.partition IS NOT DISTINCT FROM %(partition)s::text, false)
-           AS unchanged
+           AS unchanged,
+           s.missed_by IS NOT NULL AS missed
       FROM incoming i
       LEFT JOIN LATERAL (
           SELECT content_hash, deleted_at, missed_by, partition FROM records
@@ -353,6 +355,16 @@ WITH async AS (
        SET data = EXCLUDED.data, content_hash = EXCLUDED.content_hash, updated_at = now(),
            deleted_at = NULL, written_by = EXCLUDED.written_by,
            partition = EXCLUDED.partition, missed_by = NULL
+    RETURNING 1
+), cleared AS (
+    -- An array of keys, so it stays an index probe per key whatever the plan of the join.
+    UPDATE records r
+       SET missed_by = NULL
+     WHERE r.connection_id = %(connection_id)s AND r.table_name = %(table_name)s
+       AND r.external_id = ANY (ARRAY(SELECT external_id FROM compared
+                                       WHERE unchanged AND missed))
+       AND r.missed_by IS NOT NULL
+       AND EXISTS (SELECT 1 FROM fence)
     RETURNING 1
 ), seen AS (
     INSERT INTO run_seen_keys (run_id, table_name, external_id)
@@ -379,6 +391,7 @@ SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM async) AS a
        (SELECT count(*) FROM written) AS upserted,
        (SELECT count(*) FROM seen) AS seen,
        (SELECT count(*) FROM checkpoint) AS checkpointed,
+       (SELECT count(*) FROM cleared) AS cleared,
        (SELECT count(*) FROM compared WHERE unchanged) AS unchanged;
 
 -- name: save_checkpoint

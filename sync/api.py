@@ -585,7 +585,8 @@ class Engine(IngestionsApi):
     def prune(self, *, dry_run: bool = False) -> PruneReport:
         """Delete what retention says is no longer needed (old finished runs beyond the newest
         of each connection, their attempts, long-stopped workers, ended rate budgets, seen keys
-        of ended runs, and old tombstones when ``tombstone_days`` is set), now, in bounded
+        of ended runs, finished jobs past their queue's retention, old finished ingestions, and
+        old tombstones when ``tombstone_days`` is set), now, in bounded
         batches, as a worker's cleaner does once per ``clean_interval``. ``dry_run`` deletes
         nothing and counts what would go. Not available to a workspace-scoped engine."""
         if self._workspace_id is not None:

@@ -20,7 +20,7 @@ import logging
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -70,6 +70,7 @@ from sync.console import (
     error_text,
     fitted_table,
     format_duration,
+    retry_when,
     styled,
     when,
 )
@@ -126,10 +127,17 @@ def tables_done(run: Run) -> int:
 
 
 def describe_progress(
-    run: Run, *, workers_alive: int | None, now: datetime, workers_able: int | None = None
+    run: Run,
+    *,
+    workers_alive: int | None,
+    now: datetime,
+    workers_able: int | None = None,
+    countdown: bool = True,
 ) -> str:
     """One line about where a run is; pure, for the live view and its plain-text twin.
-    ``workers_able``: how many live workers have the run's provider installed."""
+    ``workers_able``: how many live workers have the run's provider installed. Without
+    ``countdown`` a retry says when it starts rather than in how many seconds, so that the line
+    changes only when the run's state does (output without a terminal prints each change)."""
     if run.status == "queued":
         if run.waits and run.waiting_until is not None and run.waiting_until > now:
             until = run.waiting_until.astimezone(UTC)
@@ -138,10 +146,11 @@ def describe_progress(
             )
             return f"waiting for {run.waiting_for} until {clock} UTC, {ordinal(run.waits)} wait"
         if run.attempts > 0 and run.queued_at > now:
-            wait = (run.queued_at - now).total_seconds()
             why = brief_error(run.error, 60)
-            return f"retrying in {wait:.0f}s (attempt {run.attempts + 1} of {run.max_attempts})" + (
-                f" after {why}" if why else ""
+            return (
+                f"retrying {retry_when(run.queued_at, now, countdown=countdown)} "
+                f"(attempt {run.attempts + 1} of {run.max_attempts})"
+                + (f" after {why}" if why else "")
             )
         if workers_alive == 0:
             return "queued; no worker is running: start one with `connector-sync worker`"
@@ -187,9 +196,19 @@ def follow_progress(out: Console, run_id: int, total: int | None) -> tuple[Progr
     return progress, task
 
 
-def follow_run(engine: Engine, run: Run, *, live: bool, interval: float = 0.5) -> Run:
+def follow_run(
+    engine: Engine,
+    run: Run,
+    *,
+    live: bool,
+    interval: float = 0.5,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    sleep: Callable[[float], None] = time.sleep,
+) -> Run:
     """Poll the run until it ends, showing tables done, records read, attempts and a
-    countdown while a retry waits. Returns the final run."""
+    countdown while a retry waits. Without a terminal, a line is printed each time what the
+    run is doing changes (a wait prints one line, with the time it ends, not one a second).
+    Returns the final run."""
     out = stdout()
     progress, task = follow_progress(out, run.id, table_count(run.provider))
     last_line = ""
@@ -205,7 +224,11 @@ def follow_run(engine: Engine, run: Run, *, live: bool, interval: float = 0.5) -
                 checked_workers_at = time.monotonic()
                 alive, able = live_workers(engine, run.provider)
             line = describe_progress(
-                run, workers_alive=alive, now=datetime.now(UTC), workers_able=able
+                run,
+                workers_alive=alive,
+                now=clock(),
+                workers_able=able,
+                countdown=display is not None,
             )
             # The bar follows the table being read when the provider said its size.
             at = run.progress or {}
@@ -223,7 +246,7 @@ def follow_run(engine: Engine, run: Run, *, live: bool, interval: float = 0.5) -
             last_line = line
             if run.is_terminal:
                 break
-            time.sleep(interval)
+            sleep(interval)
     if live:
         print_results(out, run)
     return run
@@ -231,7 +254,7 @@ def follow_run(engine: Engine, run: Run, *, live: bool, interval: float = 0.5) -
 
 def print_results(out: Console, run: Run) -> None:
     if run.results:
-        out.print(results_table(run, out.width))
+        print_with_errors(out, results_table(run, out.width), table_errors(run))
     style = STATUS_STYLE.get(run.status, "")
     ended = Text(f"run #{run.id} {run.status}", style=style)
     tries = f"{run.attempts} attempt" + ("" if run.attempts == 1 else "s")
@@ -246,14 +269,22 @@ def print_results(out: Console, run: Run) -> None:
         out.print(Text(f"({error_text(run.error, status=run.status)})", overflow="fold"))
 
 
+def print_with_errors(out: Console, table: Table, errors: list[tuple[str, Cell]]) -> None:
+    """A table, then its rows' errors below it in full, each wrapped at the console's width
+    under the name of its row: a column of errors is too narrow for URLs and paths."""
+    out.print(table)
+    if errors:
+        out.print(details(errors))
+
+
 def results_table(run: Run, width: int) -> Table:
+    """The per-table results; their errors are ``table_errors``, printed below."""
     columns = [
         Col("table", key=True),
         Col("status", key=True),
         Col("upserted", keep=3, justify="right"),
         Col("unchanged", keep=1, justify="right"),
         Col("tombstoned", keep=2, justify="right"),
-        Col("error", text="fold"),
     ]
     rows: list[list[Cell]] = [
         [
@@ -262,11 +293,18 @@ def results_table(run: Run, width: int) -> Table:
             str(r.get("upserted", 0)),
             str(r.get("unchanged", 0)),
             str(r.get("tombstoned", 0)),
-            error_text(r.get("error")),
         ]
         for name, r in sorted(run.results.items())
     ]
     return fitted_table(columns, rows, width, title="tables")
+
+
+def table_errors(run: Run) -> list[tuple[str, Cell]]:
+    return [
+        (f"{name} error", error_text(r["error"]))
+        for name, r in sorted(run.results.items())
+        if r.get("error")
+    ]
 
 
 @runs_app.command("list")
@@ -302,7 +340,8 @@ def runs_list(
 
 def attempts_table(attempts: list[Attempt], width: int) -> Table:
     """Every claim of a run in order, numbered 1, 2, 3... (a handed-back or lost claim has a
-    row of its own), each with the counts of that attempt alone."""
+    row of its own), each with the counts of that attempt alone; their errors are
+    ``attempt_errors``, printed below."""
     columns = [
         Col("#", key=True, justify="right"),
         Col("outcome", key=True),
@@ -312,7 +351,6 @@ def attempts_table(attempts: list[Attempt], width: int) -> Table:
         Col("upserted", keep=2, justify="right"),
         Col("unchanged", keep=0, justify="right"),
         Col("tombstoned", keep=1, justify="right"),
-        Col("error", text="fold"),
     ]
     rows: list[list[Cell]] = []
     for number, a in enumerate(attempts, start=1):
@@ -328,10 +366,17 @@ def attempts_table(attempts: list[Attempt], width: int) -> Table:
                 str(c["upserted"]),
                 str(c["unchanged"]),
                 str(c["tombstoned"]),
-                error_text(a.error, status=a.outcome),
             ]
         )
     return fitted_table(columns, rows, width, title="attempts")
+
+
+def attempt_errors(attempts: list[Attempt]) -> list[tuple[str, Cell]]:
+    return [
+        (f"attempt {number} error", error_text(a.error, status=a.outcome))
+        for number, a in enumerate(attempts, start=1)
+        if a.error
+    ]
 
 
 @runs_app.command("show")
@@ -378,9 +423,9 @@ def runs_show(run_id: int = RunArg(), as_json: bool = JsonOption) -> None:
         )
     out.print(details(rows))
     if attempts:
-        out.print(attempts_table(attempts, out.width))
+        print_with_errors(out, attempts_table(attempts, out.width), attempt_errors(attempts))
     if run.results:
-        out.print(results_table(run, out.width))
+        print_with_errors(out, results_table(run, out.width), table_errors(run))
 
 
 @runs_app.command("cancel")

@@ -37,7 +37,16 @@ from sync.cli_base import (
     worker_state,
     workspace_id,
 )
-from sync.console import Cell, Col, details, error_text, fitted_table, styled, when
+from sync.console import (
+    Cell,
+    Col,
+    details,
+    error_text,
+    fitted_table,
+    retry_when,
+    styled,
+    when,
+)
 from sync.documents import SearchHit
 from sync.ingestions.models import Ingestion, IngestionKind, IngestionStatus
 
@@ -98,14 +107,20 @@ def _succeeded(ingestion: Ingestion, members: list[Ingestion]) -> bool:
     return ingestion.status in DONE and all(m.status in DONE for m in members)
 
 
-def describe_ingestion(ingestion: Ingestion, *, workers_alive: int | None, now: datetime) -> str:
-    """One line about where an ingestion is; pure, for the live view and `ingestions show`."""
+def describe_ingestion(
+    ingestion: Ingestion, *, workers_alive: int | None, now: datetime, countdown: bool = True
+) -> str:
+    """One line about where an ingestion is; pure, for the live view and `ingestions show`.
+    Without ``countdown`` a retry says when it starts (output without a terminal prints a line
+    each time this one changes)."""
     i = ingestion
     if i.status is IngestionStatus.QUEUED:
         if i.attempts > 0 and i.queued_at > now:
-            wait = (i.queued_at - now).total_seconds()
             why = brief_error(i.error, 60)
-            text = f"retrying in {wait:.0f}s (attempt {i.attempts + 1} of {i.max_attempts})"
+            text = (
+                f"retrying {retry_when(i.queued_at, now, countdown=countdown)} "
+                f"(attempt {i.attempts + 1} of {i.max_attempts})"
+            )
             return text + (f" after {why}" if why else "")
         if workers_alive == 0:
             return "queued; no worker is running: start one with `connector-sync worker`"
@@ -164,7 +179,9 @@ def follow_ingestion(
             if time.monotonic() - checked_workers_at > 5:
                 checked_workers_at = time.monotonic()
                 alive = sum(worker_state(w, engine.settings) == "alive" for w in engine.workers())
-            line = describe_ingestion(ingestion, workers_alive=alive, now=datetime.now(UTC))
+            line = describe_ingestion(
+                ingestion, workers_alive=alive, now=datetime.now(UTC), countdown=interactive
+            )
             if members:
                 ended = sum(m.is_terminal for m in members)
                 progress.update(task, completed=ended, total=len(members), unit="member files")

@@ -349,8 +349,10 @@ def prune(
 
     Finished runs older than CONNECTOR_SYNC_HISTORY_DAYS (30) beyond the newest 20 of each
     connection, with their attempts; workers stopped for over a day; ended rate budgets; seen
-    keys of ended runs; tombstoned records only when CONNECTOR_SYNC_TOMBSTONE_DAYS is set.
-    Runs that are waiting, queued or running are never deleted."""
+    keys of ended runs; finished jobs past their queue's retention, with their attempts;
+    finished ingestions older than the history days; tombstoned records only when
+    CONNECTOR_SYNC_TOMBSTONE_DAYS is set. Runs, jobs and ingestions that are waiting, queued or
+    running are never deleted."""
     with open_engine() as engine:
         report = engine.prune(dry_run=dry_run)
     if as_json:
@@ -364,7 +366,9 @@ def prune(
         Col("rule", text="fold"),
     ]
     out.print(fitted_table(columns, prune_rows(report), out.width))
-    total = sum(n for kind, n in report.deleted.items() if kind is not Kind.ATTEMPTS)
+    total = sum(
+        n for kind, n in report.deleted.items() if kind not in (Kind.ATTEMPTS, Kind.JOB_ATTEMPTS)
+    )
     out.print(f"{verb} {total:,} row(s) and their attempts in {report.statements} statement(s)")
 
 
@@ -383,6 +387,9 @@ def prune_rows(report: PruneReport) -> list[list[Cell]]:
         Kind.SEEN_KEYS: "of runs neither queued nor running",
         Kind.WORKERS: f"stopped, or silent, for over {_days(rules.stopped_workers)}",
         Kind.RATE_BUDGETS: "blocks that have ended",
+        Kind.JOBS: "completed, dead or cancelled longer ago than their queue's retention",
+        Kind.JOB_ATTEMPTS: "of those jobs",
+        Kind.INGESTIONS: f"finished over {_days(rules.history)} ago",
         Kind.TOMBSTONES: (
             "kept: CONNECTOR_SYNC_TOMBSTONE_DAYS is unset"
             if rules.tombstones is None

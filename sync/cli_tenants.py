@@ -213,13 +213,15 @@ def connections_list(
         return
     columns = [
         Col("id", key=True, justify="right"),
-        Col("workspace", keep=3, justify="right"),
+        # Leaving first when there is no room: the next run (`connections show` has it), then
+        # the workspace; whether there are credentials stays longer.
+        Col("workspace", keep=2, justify="right"),
         Col("name", text="fold"),
         Col("provider", keep=6),
         Col("status", key=True),
         Col("every", keep=5),
-        Col("next run", keep=2),
-        Col("creds", keep=1),
+        Col("next run", keep=1),
+        Col("creds", keep=3),
     ]
     rows: list[list[Cell]] = [
         [

@@ -2,20 +2,23 @@
 when there is none), tables that fit that width, times with their date and zone, durations and
 errors in words.
 
-A table fits by giving up what matters least first: long text (names, errors) wraps or is cut
-at its end, then optional columns leave in a fixed order. Key columns (ids, statuses) never
-shrink and never leave, so a listing at 60 columns still says which run is which and how it
-stands.
+A table fits by giving up what matters least first: long text (names) wraps between words, a
+hyphen or a slash ending a word too, or is cut at its end, then optional columns leave in a fixed
+order. Errors are not squeezed into a column: the commands print them below their table,
+whole. Key columns (ids, statuses) never shrink and never leave, so a listing at 60 columns
+still says which run is which and how it stands.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from rich import box
+from rich.cells import cell_len, chop_cells
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -189,8 +192,41 @@ def fitted_table(
             header_style="bold",
         )
     for row in rows:
-        table.add_row(*(row[i] for i in shown))
+        table.add_row(
+            *(
+                break_words(row[i], widths[i]) if columns[i].text == "fold" else row[i]
+                for i in shown
+            )
+        )
     return table
+
+
+_WORD = re.compile(r"[^\s\-_/.,:;]+[\s\-_/.,:;]*|[\s\-_/.,:;]+")
+
+
+def break_words(value: Cell, width: int) -> Cell:
+    """``value`` wrapped to ``width`` cells at its word boundaries: spaces, and after the
+    ``-_/.,:;`` that join the words of names, paths and URLs, so ``acme-engineering-monorepo``
+    wraps as ``acme-engineering-`` / ``monorepo``, never mid-word; only a word wider than the
+    column is cut (pure). Styled text is left to the table."""
+    if not isinstance(value, str) or width <= 0 or cell_len(value) <= width:
+        return value
+    lines: list[str] = []
+    line = ""
+    for piece in _WORD.findall(value):
+        if cell_len((line + piece).rstrip()) <= width:
+            line += piece
+            continue
+        if line.strip():
+            lines.append(line.rstrip())
+        line = piece.lstrip() if lines else piece
+        while cell_len(line.rstrip()) > width:
+            head, *_ = chop_cells(line, width)
+            lines.append(head)
+            line = line[len(head) :]
+    if line.strip():
+        lines.append(line.rstrip())
+    return "\n".join(lines)
 
 
 def details(rows: Sequence[tuple[str, Cell]]) -> Table:
@@ -206,3 +242,11 @@ def details(rows: Sequence[tuple[str, Cell]]) -> Table:
 def _cells(value: Cell) -> int:
     text = value if isinstance(value, Text) else Text(value)
     return max((line.cell_len for line in text.split()), default=0)
+
+
+def retry_when(at: datetime, now: datetime, *, countdown: bool) -> str:
+    """When a retry starts: ``in 28s`` for a live view that counts down, ``at 14:05:12 UTC``
+    for output without a terminal, which prints a line only when it changes."""
+    if countdown:
+        return f"in {(at - now).total_seconds():.0f}s"
+    return f"at {at.astimezone(UTC):%H:%M:%S} UTC"

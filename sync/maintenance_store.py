@@ -148,3 +148,28 @@ def prune_tombstones(
         MAINTENANCE.prune_tombstones_batch,
         {"older_than": older_than, "limit": limit, "delete": delete},
     )
+
+
+@dataclass(frozen=True)
+class JobsBatch:
+    found: int  # finished jobs past their queue's retention this batch met
+    deleted: int
+    attempts: int  # the attempts of the jobs deleted (or, without delete, deletable)
+
+
+def prune_jobs(conn: Connection, *, limit: int | None, delete: bool) -> JobsBatch:
+    """Finished application jobs older than the retention of the queue they are in."""
+    row = _one(conn, MAINTENANCE.prune_jobs_batch, {"limit": limit, "delete": delete})
+    assert row is not None
+    return JobsBatch(int(row["found"]), int(row["deleted"]), int(row["attempts"]))
+
+
+def prune_ingestions(
+    conn: Connection, *, older_than: timedelta, limit: int | None, delete: bool
+) -> Batch:
+    """Finished ingestions older than ``older_than`` (an archive waits for its members)."""
+    return _batch(
+        conn,
+        MAINTENANCE.prune_ingestions_batch,
+        {"older_than": older_than, "limit": limit, "delete": delete},
+    )

@@ -86,7 +86,9 @@ class Settings(BaseSettings):
         description="Seconds between retention passes (the cleaner), by one worker of the fleet.",
     )
     history_days: float = Field(
-        default=30.0, gt=0, description="Finished runs older than this are deleted."
+        default=30.0,
+        gt=0,
+        description="Finished runs and finished ingestions older than this are deleted.",
     )
     history_keep_runs: int = Field(
         default=20,

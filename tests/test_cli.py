@@ -522,3 +522,42 @@ def test_describe_progress() -> None:
     assert describe_progress(running, workers_alive=1, now=now) == (
         "running attempt 2 of 3, cancel requested"
     )
+
+
+def test_sync_wait_without_a_terminal_prints_a_wait_once_not_every_second(
+    engine: Any, admin: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sync.cli import follow_run
+    from tests.fakes import DATASETS, Dataset
+
+    DATASETS["plain-wait"] = Dataset(tables={"items": []})
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": "plain-wait"})
+    run = engine.sync(conn.id)
+    # The run's first attempt was rate limited: it is queued again for 30 seconds from now.
+    admin.execute(
+        "UPDATE connection_runs SET attempts = 1, queued_at = now() + interval '30 seconds', "
+        """error = '{"kind": "rate_limited", "message": "429 Too Many Requests"}' """
+        "WHERE id = %s",
+        (run.id,),
+    )
+    start = datetime.now(UTC)
+    ticks: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the clock moves one second per poll
+        ticks.append(seconds)
+        if len(ticks) == 20:
+            engine.cancel_run(run.id)
+
+    follow_run(
+        engine,
+        engine.run(run.id),
+        live=True,
+        interval=1.0,
+        clock=lambda: start + timedelta(seconds=len(ticks)),
+        sleep=sleep,
+    )
+    progress = [line for line in capsys.readouterr().out.splitlines() if ": retrying" in line]
+    assert len(ticks) == 20  # twenty polls of the waiting run...
+    assert len(progress) == 1, progress  # ...and one line saying when it retries
+    assert "retrying at " in progress[0] and "(attempt 2 of 3)" in progress[0], progress

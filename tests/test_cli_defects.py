@@ -425,6 +425,28 @@ def test_key_columns_never_vanish_and_output_fits_the_width(
     show("providers")
 
 
+def test_at_80_columns_names_wrap_between_words_and_errors_print_in_full_below(
+    cli: Cli, crowded: dict[str, Any], simulated: tuple[str, Simulation]
+) -> None:
+    listed = cli("connections", "list", columns=80).ok().out
+    assert "creds" in listed.splitlines()[0], listed  # whether it has credentials stays
+    rows = [line for line in listed.splitlines() if re.match(r"^\s*\d+\s", line)]
+    assert len(rows) == 2 and all(row.rstrip().endswith("yes") for row in rows), listed
+    # The long name wraps after its hyphens, never inside a word.
+    names = " ".join(listed.split())
+    for word in ("quarterly-", "revenue-", "reconciliation-"):
+        assert word in names, listed
+
+    shown = cli("runs", "show", str(crowded["failed"]), columns=80).ok().out
+    assert widest(shown) <= 80, shown
+    url = f"{simulated[0]}/crm/ghost/contacts"
+    # Errors are below their tables, each whole on lines as wide as the console: the URL in
+    # the attempt's and the table's errors is never cut.
+    assert sum(url in line for line in shown.splitlines()) >= 2, shown
+    headers = [line for line in shown.splitlines() if line.startswith(("#  ", "table "))]
+    assert len(headers) == 2 and not any("error" in h for h in headers), shown
+
+
 @pytest.mark.parametrize("width", WIDTHS)
 def test_the_sync_wait_line_keeps_the_run_and_its_bar_whatever_the_note(width: int) -> None:
     out = Console(width=width, force_terminal=True, color_system=None, record=True)

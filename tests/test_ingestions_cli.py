@@ -130,6 +130,12 @@ def test_describe_ingestion() -> None:
     assert describe_ingestion(retry, workers_alive=1, now=now).startswith(
         "retrying in 30s (attempt 2 of 3) after retryable: the endpoint answered 503"
     )
+    # Without a terminal the line says when, so it does not change every second.
+    at = f"{(now + timedelta(seconds=30)).astimezone(UTC):%H:%M:%S}"
+    for later in (now, now + timedelta(seconds=1)):
+        assert describe_ingestion(retry, workers_alive=1, now=later, countdown=False).startswith(
+            f"retrying at {at} UTC (attempt 2 of 3)"
+        )
     running = _ingestion(
         status=IngestionStatus.RUNNING, attempts=2, processed_units=600, total_units=1_000,
         cancel_requested_at=now,

@@ -168,6 +168,9 @@ def test_prune_deletes_exactly_what_the_rules_say(
         Kind.SEEN_KEYS: 5,
         Kind.WORKERS: 2,
         Kind.RATE_BUDGETS: 1,
+        Kind.JOBS: 0,
+        Kind.JOB_ATTEMPTS: 0,
+        Kind.INGESTIONS: 0,
         Kind.TOMBSTONES: 0,
     }
     assert report.deleted == expected
@@ -220,8 +223,9 @@ def test_a_pass_deletes_in_bounded_batches_and_walks_each_run_once(
         report = small.prune()
     assert report.deleted[Kind.RUNS] == 30
     # 90 runs walked 7 at a time: 13 statements (the 13th finds the last 6 and ends the walk),
-    # then one each for seen keys, workers and rate budgets, each finding less than a batch.
-    assert report.statements == 13 + 3
+    # then one each for seen keys, workers, rate budgets, jobs and ingestions, each finding
+    # less than a batch.
+    assert report.statements == 13 + 5
     kept = admin.execute(
         "SELECT connection_id, count(*) AS n FROM connection_runs GROUP BY 1"
     ).fetchall()
@@ -264,6 +268,119 @@ def test_a_run_retried_while_the_pass_deletes_it_is_kept(
     assert len(ids(admin, f"SELECT id FROM run_attempts WHERE run_id = {target}")) == 2
 
 
+def add_jobs(admin: Any, queue: str, status: str, count: int, *, age: str | None) -> list[int]:
+    """``count`` jobs of ``queue`` that finished ``age`` ago (None: not finished), with two
+    attempts each."""
+    rows = admin.execute(
+        "INSERT INTO jobs (queue, origin_queue, payload, status, attempts, run_after, "
+        "created_at, finished_at) SELECT %(queue)s, %(queue)s, '{}', %(status)s, 2, "
+        "now() - interval '60 days', now() - interval '60 days', now() - %(age)s::interval "
+        "FROM generate_series(1, %(count)s) RETURNING id",
+        {"queue": queue, "status": status, "age": age, "count": count},
+    ).fetchall()
+    job_ids = [r["id"] for r in rows]
+    admin.execute(
+        "INSERT INTO job_attempts (job_id, attempt, queue, started_at, finished_at, outcome) "
+        "SELECT id, a, %s, now() - interval '60 days', now() - interval '60 days', 'failed' "
+        "FROM unnest(%s::bigint[]) id, generate_series(1, 2) a",
+        (queue, job_ids),
+    )
+    return job_ids
+
+
+def add_ingestion(
+    admin: Any, status: str, *, age: str | None, kind: str = "document", archive: int | None = None
+) -> int:
+    """A local file's ingestion that finished ``age`` ago (None: not finished)."""
+    row = admin.execute(
+        "INSERT INTO ingestions (workspace_id, kind, status, source, local_path, member_path, "
+        "archive_id, source_hash, max_attempts, queued_at, finished_at) VALUES (1, %(kind)s, "
+        "%(status)s, 'local', '/data/' || gen_random_uuid(), '', %(archive)s, '\\x00', 3, "
+        "now() - interval '60 days', now() - %(age)s::interval) RETURNING id",
+        {"kind": kind, "status": status, "archive": archive, "age": age},
+    ).fetchone()
+    return int(row["id"])
+
+
+@pytest.fixture
+def jobs_and_ingestions(engine: Engine, admin: Any) -> dict[str, set[int]]:
+    """Application jobs and ingestions on either side of their rules."""
+    admin.execute("INSERT INTO workspaces (name) VALUES ('acme')")
+    admin.execute(
+        "INSERT INTO job_queues (name, policy, retry_limit, retry_delay, retry_ceiling, expire, "
+        "retention) VALUES ('app.dead', 'standard', 0, 1, 1, 60, 30 * 86400), "
+        "('app.work', 'standard', 2, 1, 10, 60, 86400)"
+    )
+    # app.work keeps finished jobs one day; its dead letters are in app.dead, kept 30 days.
+    doomed = {
+        *add_jobs(admin, "app.work", "completed", 3, age="2 days"),
+        *add_jobs(admin, "app.work", "cancelled", 1, age="2 days"),
+        *add_jobs(admin, "app.dead", "dead", 2, age="40 days"),
+    }
+    kept = {
+        *add_jobs(admin, "app.work", "completed", 1, age="1 hour"),
+        *add_jobs(admin, "app.dead", "dead", 1, age="2 days"),
+        # Not finished, however old (an older attempt's finished_at is no finish).
+        *add_jobs(admin, "app.work", "queued", 1, age=None),
+        *add_jobs(admin, "app.work", "retrying", 1, age="50 days"),
+        *add_jobs(admin, "app.work", "active", 1, age="50 days"),
+    }
+    # Ingestions keep history_days (30).
+    gone = {
+        add_ingestion(admin, status, age="40 days") for status in ("ready", "skipped", "failed")
+    }
+    gone.add(add_ingestion(admin, "cancelled", age="31 days"))
+    expanded = add_ingestion(admin, "ready", age="40 days", kind="archive")
+    gone |= {expanded, add_ingestion(admin, "ready", age="40 days", archive=expanded)}
+    # An archive whose member is still queued stays, with that member.
+    expanding = add_ingestion(admin, "ready", age="40 days", kind="archive")
+    staying = {
+        expanding,
+        add_ingestion(admin, "queued", age=None, archive=expanding),
+        add_ingestion(admin, "ready", age="1 day"),
+        add_ingestion(admin, "running", age=None),
+    }
+    return {
+        "jobs_doomed": doomed,
+        "jobs_kept": kept,
+        "ingestions_doomed": gone,
+        "ingestions_kept": staying,
+    }
+
+
+def test_finished_jobs_and_ingestions_go_by_their_rules(
+    engine: Engine, admin: Any, jobs_and_ingestions: dict[str, set[int]]
+) -> None:
+    h = jobs_and_ingestions
+    dry = engine.prune(dry_run=True)
+    assert ids(admin, "SELECT id FROM jobs") == h["jobs_doomed"] | h["jobs_kept"]
+    assert ids(admin, "SELECT id FROM ingestions") == h["ingestions_doomed"] | h["ingestions_kept"]
+
+    report = engine.prune()
+    for counted in (dry, report):
+        assert counted.deleted[Kind.JOBS] == len(h["jobs_doomed"])
+        assert counted.deleted[Kind.JOB_ATTEMPTS] == 2 * len(h["jobs_doomed"])
+        assert counted.deleted[Kind.INGESTIONS] == len(h["ingestions_doomed"])
+    assert ids(admin, "SELECT id FROM jobs") == h["jobs_kept"]
+    assert ids(admin, "SELECT job_id FROM job_attempts") == h["jobs_kept"]  # with their jobs
+    assert ids(admin, "SELECT id FROM ingestions") == h["ingestions_kept"]
+    assert engine.prune().deleted[Kind.JOBS] == 0
+
+
+def test_jobs_and_ingestions_go_in_bounded_batches(
+    schema: str, engine: Engine, admin: Any, jobs_and_ingestions: dict[str, set[int]]
+) -> None:
+    with Engine(make_settings(schema, retention_batch=2)) as small:
+        report = small.prune()
+    h = jobs_and_ingestions
+    assert report.deleted[Kind.JOBS] == len(h["jobs_doomed"]) == 6
+    assert report.deleted[Kind.INGESTIONS] == len(h["ingestions_doomed"]) == 6
+    # Per kind, batches of 2 until one finds less than 2: 4 statements for 6 rows (the last
+    # finds none), 1 each for the empty kinds; finished runs: one walk of none.
+    assert report.statements == 1 + 1 + 1 + 1 + 4 + 4
+    assert ids(admin, "SELECT id FROM ingestions") == h["ingestions_kept"]
+
+
 def test_a_scoped_engine_cannot_prune(engine: Engine) -> None:
     ws = engine.create_workspace("acme")
     with pytest.raises(Exception, match="cannot prune"):
@@ -304,6 +421,7 @@ def test_prune_says_what_it_deleted_or_would_at_80_columns(
     assert lines["runs"].split()[1] == str(len(history["doomed"]))
     assert lines["workers"].split()[1] == "2"
     assert lines["tombstones"].split()[1] == "-"
+    assert lines["jobs"].split()[1] == "0" and lines["ingestions"].split()[1] == "0"
     assert "would delete" in out
     assert remaining_runs(admin) == history["doomed"] | history["kept"]
 

@@ -84,3 +84,52 @@ def test_a_batch_of_old_tombstones_reads_them_by_index_and_deletes_by_tuple_id(
     candidates = next(n for n in records if n["Node Type"] == "Index Scan")
     assert candidates["Index Name"] == "records_tombstoned"
     assert candidates["Actual Rows"] == 1000  # of 5,000 old tombstones and 45,000 live rows
+
+
+JOBS_AND_INGESTIONS = """
+INSERT INTO workspaces (name) VALUES ('acme');
+INSERT INTO job_queues (name, policy, retry_limit, retry_delay, retry_ceiling, expire, retention)
+VALUES ('app.a', 'standard', 1, 1, 1, 60, 86400), ('app.b', 'standard', 1, 1, 1, 60, 86400);
+INSERT INTO jobs (queue, origin_queue, payload, status, run_after, created_at, finished_at)
+SELECT q, q, '{}', CASE WHEN g % 10 = 0 THEN 'queued' ELSE 'completed' END,
+       now() - interval '40 days', now() - interval '40 days',
+       CASE WHEN g % 10 = 0 THEN NULL ELSE now() - interval '40 days' + g * interval '1 min' END
+  FROM generate_series(1, 50000) g, LATERAL (SELECT CASE WHEN g % 2 = 0 THEN 'app.a'
+                                                      ELSE 'app.b' END AS q) q;
+INSERT INTO job_attempts (job_id, attempt, queue, started_at, finished_at, outcome)
+SELECT id, 1, queue, created_at, created_at, 'completed' FROM jobs;
+INSERT INTO ingestions (workspace_id, status, source, local_path, source_hash, max_attempts,
+                        finished_at)
+SELECT 1, CASE WHEN g % 10 = 0 THEN 'queued' ELSE 'ready' END, 'local', '/data/' || g, '\\x00', 3,
+       CASE WHEN g % 10 = 0 THEN NULL ELSE now() - interval '90 days' + g * interval '1 min' END
+  FROM generate_series(1, 50000) g;
+ANALYZE;
+"""
+
+
+def test_a_batch_of_old_jobs_walks_each_queue_by_its_finished_index(
+    engine: Engine, admin: Any
+) -> None:
+    admin.execute(JOBS_AND_INGESTIONS)
+    found = plan_of(admin, "prune_jobs_batch", {"limit": 1000, "delete": True})
+    jobs = scans_of(found, "jobs")
+    assert not [n for n in jobs if n["Node Type"] == "Seq Scan"], json.dumps(found, indent=1)
+    walks = [n for n in jobs if n.get("Index Name") == "jobs_finished"]
+    assert walks and sum(n["Actual Rows"] for n in walks) <= 2000  # not the 45,000 finished
+    attempts = scans_of(found, "job_attempts")
+    assert {n.get("Index Name") for n in attempts} == {"job_attempts_by_job"}, [
+        (n["Node Type"], n.get("Index Name")) for n in attempts
+    ]
+
+
+def test_a_batch_of_old_ingestions_walks_the_finished_index(engine: Engine, admin: Any) -> None:
+    admin.execute(JOBS_AND_INGESTIONS)
+    found = plan_of(
+        admin,
+        "prune_ingestions_batch",
+        {"older_than": timedelta(days=30), "limit": 1000, "delete": True},
+    )
+    ingestions = scans_of(found, "ingestions")
+    assert not [n for n in ingestions if n["Node Type"] == "Seq Scan"], json.dumps(found, indent=1)
+    walk = next(n for n in ingestions if n.get("Index Name") == "ingestions_finished")
+    assert walk["Actual Rows"] == 1000  # the batch, not the 45,000 finished

@@ -270,3 +270,25 @@ def test_429_requeues_the_run_after_retry_after(
     assert run.results["contacts"]["error"]["retry_after"] == 30
     delay = (run.queued_at - engine.attempts(run.id)[0].finished_at).total_seconds()  # type: ignore[operator]
     assert 29 <= delay <= 31
+
+
+def test_python_dash_m_connectors_simulated_starts_the_provider(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import runpy
+    import sys
+    import types
+
+    from connectors.simulated import server as module
+
+    def interrupted(seconds: float) -> None:  # Ctrl-C as soon as the server is up
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "time", types.SimpleNamespace(sleep=interrupted))
+    monkeypatch.setattr(
+        sys, "argv", ["connectors.simulated", "--port", "0", "--downloads-port", "0"]
+    )
+    runpy.run_module("connectors.simulated", run_name="__main__")
+    out = capsys.readouterr().out
+    assert "simulated provider at http://127.0.0.1:" in out, out
+    assert "tenant acme: bearer token" in out, out

@@ -312,3 +312,49 @@ def test_a_position_is_never_saved_before_the_records_it_covers(schema: str, adm
         ).fetchall()
         assert [(a["page"], a["missing"]) for a in audit] == [(p, 0) for p in range(2, 9)]
         assert set(live(admin, conn.id)) == {str(i) for i in range(1, 22)}
+
+
+def test_a_row_one_listing_missed_and_the_next_saw_is_not_rewritten(
+    engine: Engine, admin: Any
+) -> None:
+    class Shifting(MemoryPagesConnector):
+        """A shifting listing with no per-item read: two listings must miss a key."""
+
+        provider = "memory_shifting"
+        tables = (Table("items", "id", Mode.FULL, shifting=True),)
+
+    register(Shifting)
+    try:
+        key, data = new_dataset(items=items(1, 2, 3))
+        ws = engine.create_workspace("acme")
+        conn = engine.create_connection(ws.id, "s", "memory_shifting", config={"dataset": key})
+        assert sync_once(engine, conn.id).status == "succeeded"
+
+        def row(external_id: str) -> dict[str, Any]:
+            found: dict[str, Any] = admin.execute(
+                "SELECT updated_at, missed_by, ctid::text FROM records "
+                "WHERE connection_id = %s AND external_id = %s",
+                (conn.id, external_id),
+            ).fetchone()
+            return found
+
+        data.tables["items"] = items(1, 2)  # 3 shifted out of this listing
+        missed = sync_once(engine, conn.id)
+        assert row("3")["missed_by"] == missed.id
+        before = row("3")
+
+        data.tables["items"] = items(1, 2, 3)  # the next listing sees 3 again, unchanged
+        run = sync_once(engine, conn.id)
+        assert run.results["items"]["upserted"] == 0
+        assert run.results["items"]["unchanged"] == 3
+        after = row("3")
+        assert after["missed_by"] is None  # the mark is cleared...
+        assert after["updated_at"] == before["updated_at"]  # ...without rewriting the row
+
+        # The mark is gone: one more listing that misses 3 marks it again, it is not tombstoned.
+        data.tables["items"] = items(1, 2)
+        run = sync_once(engine, conn.id)
+        assert run.results["items"]["tombstoned"] == 0
+        assert tombstoned(admin, conn.id) == set()
+    finally:
+        connectors.registry.unregister("memory_shifting")

@@ -849,9 +849,11 @@ def start_server(
     return f"http://{bound_host}:{bound_port}", stop
 
 
-def _main(argv: Iterable[str] | None = None) -> None:
+def main(
+    argv: Iterable[str] | None = None, *, prog: str = "python -m connectors.simulated.server"
+) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m connectors.simulated.server",
+        prog=prog,
         description="Run the simulated provider until interrupted (docs/simulated-provider.md).",
     )
     parser.add_argument("--host", default="127.0.0.1")
@@ -892,4 +894,4 @@ def _main(argv: Iterable[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    _main()
+    main()

@@ -10,6 +10,13 @@ A pass deletes, in batches of ``retention_batch`` rows, each its own short trans
 - rate budgets whose block has ended;
 - seen keys of runs that are neither queued nor running (the sweeper's work, done here too so
   that the keys of the runs this pass deleted go with them);
+- finished application jobs (completed, dead, cancelled) older than the ``retention`` of the
+  queue they are in, with their attempts: the rule the lanes apply, run here too so that it
+  holds when no worker runs lanes (a dead job is in its dead-letter queue, whose retention
+  keeps it);
+- finished ingestions (ready, skipped, failed, cancelled) that finished more than
+  ``history_days`` ago; an archive stays while a member file of it is queued or running, and
+  the documents they indexed stay;
 - only when ``tombstone_days`` is set, records tombstoned longer ago than that.
 
 Nothing a live run needs is deleted: a run that is waiting, queued or running is never deleted
@@ -46,6 +53,9 @@ class Kind(StrEnum):
     SEEN_KEYS = "seen_keys"
     WORKERS = "workers"
     RATE_BUDGETS = "rate_budgets"
+    JOBS = "jobs"
+    JOB_ATTEMPTS = "job_attempts"
+    INGESTIONS = "ingestions"
     TOMBSTONES = "tombstones"
 
 
@@ -154,6 +164,17 @@ def prune(
         ),
     )
     each(Kind.RATE_BUDGETS, lambda c: store.prune_rate_budgets(c, limit=limit, delete=delete))
+
+    def jobs(conn: store.Connection) -> store.Batch:
+        found = store.prune_jobs(conn, limit=limit, delete=delete)
+        report.deleted[Kind.JOB_ATTEMPTS] += found.attempts
+        return store.Batch(found.found, found.deleted)
+
+    each(Kind.JOBS, jobs)
+    each(
+        Kind.INGESTIONS,
+        lambda c: store.prune_ingestions(c, older_than=rules.history, limit=limit, delete=delete),
+    )
     if rules.tombstones is not None:
         tombstones = rules.tombstones
         each(
