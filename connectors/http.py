@@ -26,6 +26,8 @@ from typing import Any, BinaryIO
 
 import httpx
 import orjson
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 from tenacity import (
     Retrying,
     retry_if_exception_type,
@@ -57,6 +59,8 @@ DOWNLOAD_TIMEOUT = 3600.0  # a download's whole body, as a JSON body's is total_
 
 # What a cached response keeps of its headers: what paging and totals read.
 _CACHED_HEADERS = ("content-type", "link", "etag", "last-modified")
+
+_tracer = trace.get_tracer("connector_sync.http")
 
 
 class _Transient(Exception):
@@ -407,10 +411,12 @@ class HttpClient:
         )
         try:
             for attempt in retrying:
-                with attempt:
-                    return self._send_once(
+                with attempt, _request_span(method) as span:
+                    response = self._send_once(
                         method, url, params, headers, json, data, follow_redirects, sink
                     )
+                    span.set_attribute("http.response.status_code", response.status_code)
+                    return response
         except _Transient as exc:
             raise RetryableError(exc.message) from None
         raise AssertionError("unreachable")  # pragma: no cover
@@ -439,6 +445,7 @@ class HttpClient:
             data=data,
         )
         where = f"{method} {_display(request.url)}"
+        trace.get_current_span().set_attribute("url.full", _display(request.url))
         timeout = self._total_timeout if sink is None else sink.timeout
         deadline = self._clock() + timeout
         try:
@@ -515,6 +522,16 @@ def _cacheable(response: httpx.Response) -> CachedResponse:
         if name.lower() in _CACHED_HEADERS or "total" in name.lower() or "per-page" in name.lower()
     }
     return CachedResponse(response.headers["etag"], kept, response.content)
+
+
+def _request_span(method: str) -> Any:
+    """A client span for one try of a request (OpenTelemetry's HTTP conventions), current
+    while it runs, recording a failed try's exception; a no-op unless the application installed
+    an OpenTelemetry SDK. The try sets ``url.full`` (without the query string) once it has
+    built the request."""
+    return _tracer.start_as_current_span(
+        method, kind=SpanKind.CLIENT, attributes={"http.request.method": method}
+    )
 
 
 def _display(url: httpx.URL) -> str:

@@ -905,7 +905,8 @@ SELECT set_config('statement_timeout', %(timeout)s, true);
 -- reads an index that holds only what it counts, so a scrape costs the same however much history
 -- retention keeps: the live runs and the queue (connection_runs_claimable), the runs finished in
 -- the last `window_seconds` and their per-table record counts (connection_runs_retention), the
--- dead letters (connection_runs_dead_letters), and the workers. Read-only.
+-- dead letters (connection_runs_dead_letters), the workers, and per application queue its
+-- waiting jobs (jobs_due), active ones (jobs_expiring) and dead letters (jobs_dead). Read-only.
 WITH live AS (
     SELECT kind, provider, status, count(*) AS count
       FROM connection_runs
@@ -957,13 +958,36 @@ WITH live AS (
            count(*) AS count
       FROM workers
      GROUP BY 1
+), jobs_waiting AS (
+    -- A waiting job is still in the queue it was sent to (only a dead one moves).
+    SELECT queue,
+           count(*) FILTER (WHERE run_after <= now()) AS due,
+           count(*) FILTER (WHERE run_after > now()) AS delayed,
+           extract(epoch FROM now() - min(run_after) FILTER (WHERE run_after <= now()))::float8
+               AS oldest_due_seconds
+      FROM jobs
+     WHERE status IN ('queued', 'retrying')
+     GROUP BY queue
+), jobs_active AS (
+    SELECT queue, count(*) AS active FROM jobs WHERE status = 'active' GROUP BY queue
+), jobs_dead AS (
+    SELECT queue, count(*) AS dead FROM jobs WHERE status = 'dead' GROUP BY queue
+), app_queues AS (
+    SELECT q.name, coalesce(w.due, 0) AS due, coalesce(w.delayed, 0) AS delayed,
+           coalesce(a.active, 0) AS active, coalesce(d.dead, 0) AS dead, w.oldest_due_seconds
+      FROM job_queues q
+      LEFT JOIN jobs_waiting w ON w.queue = q.name
+      LEFT JOIN jobs_active a ON a.queue = q.name
+      LEFT JOIN jobs_dead d ON d.queue = q.name
 )
 SELECT (SELECT coalesce(jsonb_agg(to_jsonb(live)), '[]') FROM live) AS live,
        (SELECT coalesce(jsonb_agg(to_jsonb(finished)), '[]') FROM finished) AS finished,
        (SELECT coalesce(jsonb_agg(to_jsonb(dead)), '[]') FROM dead) AS dead,
        (SELECT to_jsonb(queue) FROM queue) AS queue,
        (SELECT coalesce(jsonb_agg(to_jsonb(records)), '[]') FROM records) AS records,
-       (SELECT coalesce(jsonb_object_agg(state, count), '{}') FROM workers) AS workers;
+       (SELECT coalesce(jsonb_object_agg(state, count), '{}') FROM workers) AS workers,
+       (SELECT coalesce(jsonb_agg(to_jsonb(app_queues) ORDER BY name), '[]') FROM app_queues)
+           AS app_queues;
 
 -- name: last_complete_passes
 -- When each table of a connection was last read completely (and tombstoned), to decide whether

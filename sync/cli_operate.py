@@ -22,6 +22,7 @@ from sync.cli_base import (
     app,
     db_app,
     emit_json,
+    fail,
     guarded,
     load_settings,
     open_engine,
@@ -44,6 +45,7 @@ from sync.embedded import server_status, stop_server
 from sync.models import Record
 from sync.names import check_name
 from sync.services.cleaner import Kind, PruneReport
+from sync.worker_metrics import MetricsServer
 
 # -- schema ------------------------------------------------------------------------------------
 
@@ -100,6 +102,20 @@ def worker(
         None, "--id", metavar="ID", help="The worker's id (default: host-pid-random)."
     ),
     apps: list[str] | None = AppOption,
+    metrics_port: int | None = typer.Option(
+        None,
+        "--metrics-port",
+        metavar="PORT",
+        min=0,
+        max=65535,
+        help="Serve this worker's own Prometheus metrics at http://HOST:PORT/metrics.",
+    ),
+    metrics_host: str = typer.Option(
+        "127.0.0.1",
+        "--metrics-host",
+        metavar="HOST",
+        help="The address --metrics-port listens on (0.0.0.0 for every interface).",
+    ),
 ) -> None:
     """Run a worker: claim runs and execute them one at a time until SIGTERM or Ctrl-C.
 
@@ -119,10 +135,24 @@ def worker(
     with open_engine() as engine:
         service = engine.worker(worker_id=worker_id, listen=not once, apps=apps or ())
         session.announce()
-        logging.getLogger("sync.worker").info(
-            "worker %s runs providers: %s", service.id, ", ".join(service.providers) or "none"
-        )
-        service.run(once=once)
+        log = logging.getLogger("sync.worker")
+        log.info("worker %s runs providers: %s", service.id, ", ".join(service.providers) or "none")
+        served = None
+        if metrics_port is not None:
+            try:
+                served = MetricsServer(service.metrics.registry, metrics_host, metrics_port)
+            except OSError as exc:
+                service.close()
+                fail(
+                    f"--metrics-port: cannot listen on {metrics_host}:{metrics_port} "
+                    f"({exc.strerror or exc}); choose another port"
+                )
+            log.info("metrics at http://%s:%d/metrics", metrics_host, served.port)
+        try:
+            service.run(once=once)
+        finally:
+            if served is not None:
+                served.stop()
 
 
 @app.command("workers")

@@ -6,6 +6,9 @@ the same round trip."""
 
 from __future__ import annotations
 
+import time
+
+from sync import tracing
 from sync.abort import AbortSignal
 from sync.budgets import BudgetView
 from sync.lease import LeaseKeeper
@@ -18,6 +21,7 @@ from sync.secrets import SecretBox
 from sync.settings import Settings
 from sync.store import ClaimedRun, RunStore
 from sync.vocabulary import RunKind
+from sync.worker_metrics import WorkerMetrics, outcome_label
 
 
 class Executor:
@@ -28,7 +32,10 @@ class Executor:
         secrets: SecretBox | None,
         keeper: LeaseKeeper,
         worker_id: str,
+        *,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
+        self._metrics = metrics
         self._store = store
         self._settings = settings
         self._keeper = keeper
@@ -48,8 +55,19 @@ class Executor:
         watch = self._keeper.watch(run.lease, abort, on_control=budget.learn, logger=logger)
         logger.info("%s run started (attempt %d of %d)", run.kind, run.attempts, run.max_attempts)
         outcome: Outcome | None = None
+        attempt: dict[str, TableResult] = {}
+        started = time.monotonic()
+        span = tracing.begin(
+            f"connector_sync.{run.kind}",
+            {
+                "connector_sync.run_id": run.id,
+                "connector_sync.connection_id": run.connection_id or 0,
+                "connector_sync.provider": run.provider,
+                "connector_sync.attempt": run.attempts,
+                "connector_sync.worker_id": self._worker_id,
+            },
+        )
         try:
-            attempt: dict[str, TableResult] = {}
             if run.kind == RunKind.PURGE:
                 decide = decider(run, self._settings, self._store)
                 batch = self._settings.purge_batch_size
@@ -62,6 +80,24 @@ class Executor:
         finally:
             self._keeper.release(watch)
             self.current = None
+            if self._metrics is not None:
+                elapsed = time.monotonic() - started
+                self._metrics.attempt_ended(run.kind, run.provider, outcome, elapsed, attempt)
+            ended = outcome_label(outcome)
+            failed = ended in ("failed", "error", "requeue")
+            tracing.end(
+                span,
+                {"connector_sync.outcome": ended},
+                error=_span_error(outcome) if failed else None,
+            )
             # Seen keys serve every attempt of the run: they go when the run has ended.
             if seen_keys_left and outcome is not None and outcome.action is Action.FINISH:
                 self._outcomes.clear_seen_keys(run, logger)
+
+
+def _span_error(outcome: Outcome | None) -> str:
+    if outcome is None:
+        return "the attempt raised"
+    if outcome.error is not None:
+        return outcome.error.message or outcome_label(outcome)
+    return outcome_label(outcome)

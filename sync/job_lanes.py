@@ -37,6 +37,7 @@ from sync.queues.port import Queues
 from sync.queues.postgres import Attempt, PostgresQueues
 from sync.settings import Settings
 from sync.signals import TestSignal
+from sync.worker_metrics import WorkerMetrics
 
 log = logging.getLogger("sync.lanes")
 
@@ -160,9 +161,11 @@ class Lanes:
         lanes: dict[str, int],
         keeper: LeaseKeeper,
         settings: Settings,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         served = served_queues(lanes, queues.handlers.queues())
         self.queues = queues
+        self._metrics = metrics
         self.settings = settings
         self._keeper = keeper
         self._stopping = threading.Event()
@@ -182,13 +185,17 @@ class Lanes:
 
     @classmethod
     def from_settings(
-        cls, queues: PostgresQueues, keeper: LeaseKeeper, settings: Settings
+        cls,
+        queues: PostgresQueues,
+        keeper: LeaseKeeper,
+        settings: Settings,
+        metrics: WorkerMetrics | None = None,
     ) -> Lanes | None:
         """The lanes ``settings.lanes`` configures, or None when it gives no queue a lane."""
         lanes = parse_lanes(settings.lanes)
         if not any(lanes.values()):
             return None
-        return cls(queues, lanes, keeper, settings)
+        return cls(queues, lanes, keeper, settings, metrics)
 
     @property
     def served(self) -> dict[str, int]:
@@ -287,7 +294,11 @@ class Lanes:
                 limit = 1
             group.woken = False
         try:
+            began = time.monotonic()
             attempts = self.queues.claim([group.name], limit)
+            if self._metrics is not None:
+                took = time.monotonic() - began
+                self._metrics.job_claim_seconds.labels(group.name).observe(took)
             for attempt in attempts:  # held from the claim on, also while they wait a lane
                 self._watch(attempt)
             with self._claimed:
@@ -334,9 +345,14 @@ class Lanes:
             self._running[job.id] = attempt
         with group.cond:
             group.running += 1
+        began = time.monotonic()
         try:
-            self.queues.execute(attempt, complete_later=self.completions.submit)
+            outcome = self.queues.execute(attempt, complete_later=self.completions.submit)
             self.attempts_run += 1
+            if self._metrics is not None:
+                ended = outcome.value if outcome is not None else "lost"
+                took = time.monotonic() - began
+                self._metrics.job_seconds.labels(group.name, ended).observe(took)
         finally:
             self._unwatch(attempt)
             with group.cond:

@@ -111,6 +111,18 @@ class QueueFigures:
 
 
 @dataclass(frozen=True)
+class AppQueueFigures:
+    """One application queue's jobs at the snapshot's instant."""
+
+    name: str
+    due: int  # queued or retrying and due: a lane could claim it now
+    delayed: int  # queued or retrying for later (start_after, a retry's backoff)
+    active: int  # an attempt runs
+    dead: int  # dead letters waiting in this queue for a redrive
+    oldest_due_seconds: float | None  # how long the oldest due job has waited
+
+
+@dataclass(frozen=True)
 class MetricsSnapshot:
     """The database's figures at one instant (one statement, one snapshot)."""
 
@@ -121,6 +133,7 @@ class MetricsSnapshot:
     queue: QueueFigures
     records: tuple[RecordTotals, ...]
     workers: dict[WorkerState, int]
+    app_queues: tuple[AppQueueFigures, ...] = ()
 
     @classmethod
     def from_row(cls, row: dict[str, Any], window_seconds: float) -> MetricsSnapshot:
@@ -140,4 +153,5 @@ class MetricsSnapshot:
             ),
             records=tuple(RecordTotals(**r) for r in row["records"]),
             workers={state: int(row["workers"].get(state.value, 0)) for state in WorkerState},
+            app_queues=tuple(AppQueueFigures(**q) for q in row.get("app_queues") or ()),
         )

@@ -21,14 +21,16 @@ import os
 import signal
 import socket
 import threading
+import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from types import FrameType
 from typing import Any
 
 import psycopg
+from prometheus_client.core import CounterMetricFamily
 from psycopg_pool import PoolTimeout
 
 import connectors
@@ -46,8 +48,12 @@ from sync.services import Cleaner, Heartbeat, ScheduleEnqueuer, SeenKeySweeper, 
 from sync.settings import Settings
 from sync.signals import TestSignal
 from sync.store import ClaimedRun, ClaimTerms, RetryPolicy, RunStore, Seal, WorkerRow
+from sync.worker_metrics import WorkerMetrics, counter_family
 
 log = logging.getLogger("sync.worker")
+
+# The kinds of leased work a worker runs, exported as zeros before their first lease is lost.
+LEASE_KINDS = ("run", "job", "ingestion")
 
 # Worker ids registered by the Worker objects of this process that are still open: a previous
 # incarnation recorded with this process's own pid is one of them, or a dead process whose pid
@@ -221,10 +227,16 @@ class Worker:
         # also when poll() is called without the services' timers.
         self._keeper = LeaseKeeper.for_url(settings, url, on_tick=self.heartbeat.run_if_due)
         # The application queues' lanes, if CONNECTOR_SYNC_LANES gives this process any.
-        self._lanes = Lanes.from_settings(queues, self._keeper, settings) if queues else None
+        self.metrics = WorkerMetrics()
+        self.metrics.watch(self._keeper_figures)
+        self._lanes = (
+            Lanes.from_settings(queues, self._keeper, settings, self.metrics) if queues else None
+        )
         on_job = self._lanes.wake if self._lanes is not None else None
         self._listener = self._make_listener(url, on_job) if listen else None
-        self._executor = Executor(self._store, settings, secrets, self._keeper, self.id)
+        self._executor = Executor(
+            self._store, settings, secrets, self._keeper, self.id, metrics=self.metrics
+        )
         self._current_run_id: int | None = None
         self.stage_failures: dict[str, int] = {}
         self.database_failures = 0  # consecutive polls in which the database failed
@@ -415,7 +427,10 @@ class Worker:
             return False
         run, self._prefetched = self._prefetched, None
         if run is None:
+            began = time.monotonic()
             run = self._store.claim(self._terms())
+            found = "empty" if run is None else "claimed"
+            self.metrics.claim_seconds.labels(found).observe(time.monotonic() - began)
             if run is None:
                 return False
         self._current_run_id = run.id  # the next heartbeat says so
@@ -441,6 +456,25 @@ class Worker:
             return self._store.finish(seal)
         sealed, self._prefetched = self._store.finish_and_claim(seal, self._terms())
         return sealed
+
+    def _keeper_figures(self) -> Iterator[CounterMetricFamily]:
+        """What the lease keeper and the poll loop count, for this worker's registry."""
+        yield counter_family(
+            "lease_losses",
+            "Leases this worker found lost (expired, or taken by another worker), by kind of "
+            "work: its attempt stopped writing",
+            "kind",
+            {**dict.fromkeys(LEASE_KINDS, 0), **self._keeper.losses},
+        )
+        yield counter_family(
+            "lease_renewals",
+            "Lease renewals that extended a lease, by kind of work",
+            "kind",
+            {**dict.fromkeys(LEASE_KINDS, 0), **self._keeper.renewals},
+        )
+        yield counter_family(
+            "stage_failures", "Poll stages that raised, by stage", "stage", self.stage_failures
+        )
 
     def _hand_back_prefetched(self) -> None:
         """A run claimed with the last finish but not started: back to the queue, no attempt

@@ -5,12 +5,15 @@ Every wait is on a condition of the page; screenshots go to test-artifacts/ui/."
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from playwright.sync_api import expect
 
 from sync import Engine
+from sync.queues import Job, JobStatus, queue_spec
 from sync.vocabulary import RunError
 from tests.conftest import make_settings
 from tests.ui_support import GATES, Browser, chromium, new_gate, serving, worker_loop
@@ -151,6 +154,9 @@ def test_every_page_renders_without_console_errors(fast_engine: Engine, browser:
             ("/connections", f"#connection-{connection}"),
             ("/runs", f"#run-{run_id}"),
             ("/workers", "#workers tr[data-state=alive]"),
+            ("/queues", "#queues"),
+            ("/jobs", "#jobs"),
+            ("/ingestions", "#ingestions"),
         ):
             page.goto(url + path)
             expect(page.locator(ready)).to_be_visible()
@@ -175,3 +181,77 @@ def test_every_page_renders_without_console_errors(fast_engine: Engine, browser:
         browser.screenshot("connections")
         assert "never-shown-1" not in page.content()
         browser.leave()
+
+
+def test_a_redrive_from_the_page_requeues_a_dead_letter(
+    fast_engine: Engine, browser: Browser
+) -> None:
+    queues = fast_engine.queues
+    queues.declare_queue(queue_spec("mail.dead"))
+    queues.declare_queue(queue_spec("mail", retry_limit=0, dead_letter="mail.dead"))
+    refusing = threading.Event()
+    refusing.set()
+
+    def deliver(job: Job, abort: Any) -> None:
+        if refusing.is_set():
+            raise RuntimeError("the mail server refused the message: mailbox full")
+
+    queues.register("mail", deliver)
+    job_id = queues.send("mail", {"to": "ops@example.com"})
+    queues.run_due()
+    assert queues.get_job(job_id).status is JobStatus.DEAD
+    page = browser.page
+    with serving(fast_engine) as url:
+        page.goto(f"{url}/queues")
+        dead_letters = page.locator('[id="queue-mail.dead"]')
+        expect(dead_letters).to_have_attribute("data-dead", "1")
+        expect(dead_letters.locator(".dead")).to_have_text("1")
+        browser.screenshot("queues-dead-letter")
+        page.goto(f"{url}/jobs/{job_id}")
+        expect(page.locator("#job")).to_have_attribute("data-status", "dead")
+        expect(page.locator("#attempt-1 .error-message")).to_have_text(
+            "RuntimeError: the mail server refused the message: mailbox full"
+        )
+        browser.screenshot("job-dead")
+
+        page.goto(f"{url}/queues")
+        dead_letters.get_by_role("button", name="Redrive").click()
+        expect(page.locator("#redrive-result")).to_contain_text("Redrove 1 dead job of mail.dead")
+        expect(dead_letters).to_have_attribute("data-dead", "0")
+        expect(page.locator('[id="queue-mail"] .queued')).to_have_text("1")
+        job = queues.get_job(job_id)
+        assert (job.status, job.queue, job.attempts) == (JobStatus.QUEUED, "mail", 0)
+
+        # The job's page follows it live: run now, it completes.
+        page.goto(f"{url}/jobs/{job_id}")
+        expect(page.locator("#job")).to_have_attribute("data-status", "queued")
+        refusing.clear()
+        assert queues.run_due() == 1
+        expect(page.locator("#job")).to_have_attribute("data-status", "completed")
+        browser.screenshot("job-redriven")
+        browser.leave()
+
+
+def test_a_click_that_spans_a_reload_of_the_live_part_still_lands(
+    fast_engine: Engine, browser: Browser
+) -> None:
+    """The live parts reload every refresh; a button pressed before a reload and released after
+    it must still act (a press and a release on two copies of the button are no click)."""
+    gate = new_gate(rows=5, pause_at=5)
+    GATES[gate].release.set()
+    connection = gated_connection(fast_engine, gate)
+    page = browser.page
+    with serving(fast_engine) as url:
+        page.goto(f"{url}/connections")
+        button = page.locator(f"#connection-{connection}").get_by_role("button", name="Pause")
+        button.hover()  # the pointer on the button, as a person's before pressing it
+        page.mouse.down()
+        with page.expect_response(re.compile(r"/connections/live")) as reloaded:
+            pass
+        assert reloaded.value.status == 200
+        # The reload's answer has arrived; give htmx its turn to apply it.
+        page.evaluate("() => new Promise(done => requestAnimationFrame(() => done(null)))")
+        page.mouse.up()
+        expect(page.locator(f"#connection-{connection}")).to_contain_text("paused")
+        browser.leave()
+    assert fast_engine.connection(connection).status == "paused"

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import DATABASE_URL
 
@@ -115,3 +116,56 @@ def test_it_refuses_to_serve_a_database_whose_schema_is_behind(schema: str) -> N
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("error: ") and "run `connector-sync migrate`" in lines[-1]
     assert "serving" not in result.stderr
+
+
+def test_a_worker_serves_its_own_metrics_on_the_metrics_port(schema: str) -> None:
+    env = environment(schema)
+    subprocess.run([str(SCRIPT), "migrate"], env=env, check=True, capture_output=True)
+    process = subprocess.Popen(
+        [str(SCRIPT), "worker", "--id", "scraped", "--metrics-port", "0"],
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(
+        target=lambda: [lines.put(line) for line in process.stderr or ()], daemon=True
+    )
+    reader.start()
+    seen: list[str] = []
+    try:
+        while True:
+            line = lines.get(timeout=60)
+            seen.append(line)
+            found = re.search(r"metrics at http://127\.0\.0\.1:(\d+)/metrics", line)
+            if found:
+                break
+        port = int(found.group(1))
+        scrape = httpx.get(f"http://127.0.0.1:{port}/metrics")
+        assert scrape.status_code == 200
+        names = {f.name for f in text_string_to_metric_families(scrape.text)}
+        assert {
+            "connector_sync_worker_claim_seconds",
+            "connector_sync_worker_run_seconds",
+            "connector_sync_worker_records",
+            "connector_sync_worker_rate_limit_waits",
+            "connector_sync_worker_lease_losses",
+        } <= names
+        # A second worker asking for the same port gets one clear line.
+        taken = subprocess.run(
+            [str(SCRIPT), "worker", "--id", "second", "--metrics-port", str(port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert taken.returncode == 2, taken.stderr
+        last = taken.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"error: --metrics-port: cannot listen on 127.0.0.1:{port}")
+        assert "Traceback" not in taken.stderr
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+        reader.join(10)
+    assert process.returncode == 0, "".join(seen)

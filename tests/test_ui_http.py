@@ -5,6 +5,8 @@ reaches a page, a metric or a log line."""
 from __future__ import annotations
 
 import logging
+import re
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,16 +14,19 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from prometheus_client import generate_latest
 from starlette.routing import Route
 
 from connectors import PermanentError
+from connectors.errors import RateLimited
 from sync import Engine
 from sync.db import describe
+from sync.queues import queue_spec
 from sync.testing import run_sync
 from sync.ui.app import UiOptions, create_app
 from tests.conftest import DATABASE_URL, DIRECT_URL, make_settings
 from tests.test_sync_flow import items, new_dataset
-from tests.ui_support import csrf_token, serving
+from tests.ui_support import GATES, csrf_token, new_gate, serving
 
 HTML = {"accept": "text/html"}
 TOKEN = "ui-token-" + uuid.uuid4().hex
@@ -34,6 +39,10 @@ ACTION_ROUTES = {
     "/connections/{connection_id:int}/resume": "/connections/1/resume",
     "/runs/{run_id:int}/cancel": "/runs/1/cancel",
     "/runs/{run_id:int}/retry": "/runs/1/retry",
+    "/queues/{queue}/redrive": "/queues/mail/redrive",
+    "/jobs/{job_id:int}/cancel": "/jobs/1/cancel",
+    "/jobs/{job_id:int}/retry": "/jobs/1/retry",
+    "/ingestions/{ingestion_id:int}/cancel": "/ingestions/1/cancel",
 }
 ACTIONS = list(ACTION_ROUTES.values())
 
@@ -69,7 +78,17 @@ def state(engine: Engine) -> tuple[str, str, int]:
 
 def test_with_a_token_a_request_without_it_gets_401(engine: Engine, queued_run: Any) -> None:
     with serving(engine, UiOptions(token=TOKEN)) as url, httpx.Client(base_url=url) as client:
-        for path in ("/connections", "/runs", "/runs/1", "/runs/1/live", "/workers", "/metrics"):
+        for path in (
+            "/connections",
+            "/runs",
+            "/runs/1",
+            "/runs/1/live",
+            "/queues",
+            "/jobs",
+            "/ingestions",
+            "/workers",
+            "/metrics",
+        ):
             assert client.get(path).status_code == 401, path
             wrong = client.get(path, headers={"authorization": "Bearer not-the-token"})
             assert wrong.status_code == 401, path
@@ -271,7 +290,16 @@ def test_the_page_works_under_the_runtime_role(
         with pytest.raises(Exception, match="may not change the schema"):
             limited.migrate()  # no DDL rights, as intended
         with serving(limited) as base, httpx.Client(base_url=base) as client:
-            for path in ("/connections", "/runs", "/runs/1", "/workers", "/metrics"):
+            for path in (
+                "/connections",
+                "/runs",
+                "/runs/1",
+                "/queues",
+                "/jobs",
+                "/ingestions",
+                "/workers",
+                "/metrics",
+            ):
                 assert client.get(path).status_code == 200, path
             token = csrf_token(client, "/runs/1")
             assert client.post("/runs/1/cancel", data={"csrf_token": token}).status_code == 303
@@ -307,8 +335,19 @@ def test_a_canary_credential_appears_in_no_page_metric_or_log(
             config={"dataset": bad_key},
             credentials={"token": credential},
         )
-        failed = run_sync(engine, broken.id)
+        worker = engine.worker(listen=False)
+        failed = run_sync(engine, broken.id, worker=worker)
         engine.sync(good.id)
+        # A job whose handler's error carries the credential, dead in its dead-letter queue.
+        engine.queues.declare_queue(queue_spec("mail.dead"))
+        engine.queues.declare_queue(queue_spec("mail", retry_limit=0, dead_letter="mail.dead"))
+
+        def leak(job: Any, abort: Any) -> None:
+            raise RuntimeError(f"the server said: bad token {credential}")
+
+        engine.queues.register("mail", leak)
+        job_id = engine.queues.send("mail", {"to": "ops@example.com"})
+        engine.queues.run_due()
         options = UiOptions(token=token, database=describe(url))
         seen: list[str] = []
         with serving(engine, options) as base, httpx.Client(base_url=base) as client:
@@ -320,6 +359,14 @@ def test_a_canary_credential_appears_in_no_page_metric_or_log(
                 "/runs/live",
                 "/workers",
                 "/workers/live",
+                "/queues",
+                "/queues/live",
+                "/jobs",
+                "/jobs/live",
+                f"/jobs/{job_id}",
+                f"/jobs/{job_id}/live",
+                "/ingestions",
+                "/ingestions/live",
                 "/metrics",
                 "/runs/999",
                 "/nope",
@@ -336,9 +383,51 @@ def test_a_canary_credential_appears_in_no_page_metric_or_log(
             cancel = csrf_token(client, "/runs")
             done = client.post(f"/runs/{failed.id}/retry", data={"csrf_token": cancel})
             seen.append(done.text + str(done.headers))
+            redrive = client.post("/queues/mail.dead/redrive", data={"csrf_token": cancel})
+            seen.append(redrive.text + str(redrive.headers))
+        # The worker's own registry.
+        seen.append(generate_latest(worker.metrics.registry).decode())
+        worker.close()
     seen.extend(record.getMessage() for record in caplog.records)
     seen.extend(str(record.args) for record in caplog.records)
     assert any("GET /runs" in line for line in seen)  # the access log was captured
     everything = "\n".join(seen)
+    assert "the server said: bad token" in everything  # the job's error was on its page
+    assert "connector_sync_worker_records_total" in everything
     for canary in (credential, password, token):
         assert canary not in everything
+
+
+# -- what a run is doing ---------------------------------------------------------------------------
+
+
+def test_a_runs_page_says_where_it_is_and_what_it_waits_for(schema: str) -> None:
+    with Engine(make_settings(schema, batch_size=25)) as engine:
+        engine.migrate()
+        ws = engine.create_workspace("acme")
+        limited_key, limited_data = new_dataset(items=items(1))
+        limited_data.failures["items"] = (0, RateLimited("slow down", retry_after=600))
+        limited = engine.create_connection(
+            ws.id, "limited", "memory", config={"dataset": limited_key}
+        )
+        waiting = engine.sync(limited.id)
+        worker = engine.worker(listen=False)
+        worker.poll()  # the oldest run: it meets the rate limit and waits
+        gate = new_gate(rows=100, pause_at=50)
+        gated = engine.create_connection(ws.id, "gated", "ui_gated", config={"gate": gate})
+        running = engine.sync(gated.id)
+        polling = threading.Thread(target=worker.poll)
+        with serving(engine) as url, httpx.Client(base_url=url) as client:
+            page = client.get(f"/runs/{waiting.id}", headers=HTML).text
+            assert "waiting for the memory rate limit until" in page
+            assert "waited 1 time so far" in page
+            listing = client.get("/runs", headers=HTML).text
+            assert re.search(r"waiting for the memory rate limit, in (9|10)m", listing)
+            polling.start()
+            assert GATES[gate].reached.wait(60)
+            page = client.get(f"/runs/{running.id}/live", headers=HTML).text
+            assert "now: table 1 of 1 (items)" in page and "50 records" in page
+            GATES[gate].release.set()
+            polling.join(60)
+        worker.close()
+        assert engine.run(running.id).status == "succeeded"

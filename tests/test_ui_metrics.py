@@ -4,6 +4,7 @@ and every figure matches what the database holds."""
 from __future__ import annotations
 
 from collections import Counter
+from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -12,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from connectors import PermanentError
 from sync import Engine
 from sync.queries import QUERIES
+from sync.queues import queue_spec
 from sync.testing import run_sync
 from tests.plans import explained, nodes
 from tests.test_sync_flow import items, new_dataset
@@ -193,3 +195,103 @@ def test_a_scrape_reads_no_history_outside_its_window(engine: Engine, admin: Any
         "SELECT relpages FROM pg_class WHERE oid = 'connection_runs'::regclass"
     ).fetchone()["relpages"]
     assert touched < 300 < table_blocks, (touched, table_blocks)
+
+
+def test_application_queues_are_exported_per_queue_as_the_database_counts_them(
+    engine: Engine, admin: Any
+) -> None:
+    """Per application queue: due, delayed and active jobs, the oldest due one's wait and the
+    dead letters, beside the run queue, equal to counts taken by hand."""
+    queues = engine.queues
+    queues.declare_queue(queue_spec("mail.dead"))
+    queues.declare_queue(queue_spec("mail", retry_limit=0, dead_letter="mail.dead"))
+    queues.declare_queue(queue_spec("idle"))
+
+    def fail(job: Any, abort: Any) -> None:
+        raise RuntimeError("refused")
+
+    queues.register("mail", fail)
+    for n in range(2):
+        queues.send("mail", {"n": n})
+    queues.run_due()  # both die into mail.dead
+    waiting = [queues.send("mail", {"n": n}) for n in range(3)]
+    admin.execute(
+        "UPDATE jobs SET run_after = now() - interval '20 minutes' WHERE id = %s", (waiting[0],)
+    )
+    queues.send("mail", {"later": True}, start_after=timedelta(hours=1))
+    running = queues.send("mail", {"running": True})
+    admin.execute(
+        "UPDATE jobs SET status = 'active', attempts = 1, started_at = now(), "
+        "expires_at = now() + interval '1 hour', lease_owner = gen_random_uuid() WHERE id = %s",
+        (running,),
+    )
+
+    samples = scrape(engine)
+
+    def by_queue(name: str) -> dict[str, float]:
+        return {dict(labels)["queue"]: v for labels, v in labelled(samples, name).items()}
+
+    by_hand = {
+        r["queue"]: r
+        for r in admin.execute(
+            "SELECT queue, count(*) FILTER (WHERE status IN ('queued', 'retrying') "
+            "AND run_after <= now()) AS due, count(*) FILTER (WHERE status IN ('queued', "
+            "'retrying') AND run_after > now()) AS delayed, count(*) FILTER (WHERE status = "
+            "'active') AS active, count(*) FILTER (WHERE status = 'dead') AS dead "
+            "FROM jobs GROUP BY queue"
+        )
+    }
+    assert by_queue("connector_sync_queue_depth") == {
+        "runs": 0,
+        "idle": 0,
+        "mail": by_hand["mail"]["due"],
+        "mail.dead": 0,
+    }
+    assert by_hand["mail"]["due"] == 3 and by_hand["mail"]["delayed"] == 1
+    assert by_queue("connector_sync_queue_delayed")["mail"] == 1
+    assert by_queue("connector_sync_queue_active") == {"idle": 0, "mail": 1, "mail.dead": 0}
+    assert by_queue("connector_sync_queue_dead_letters") == {
+        "idle": 0,
+        "mail": 0,
+        "mail.dead": by_hand["mail.dead"]["dead"],
+    }
+    assert by_hand["mail.dead"]["dead"] == 2
+    oldest = by_queue("connector_sync_queue_oldest_due_seconds")
+    assert 1200 <= oldest["mail"] < 3600 and oldest["idle"] == 0 and oldest["runs"] == 0
+
+
+JOBS_HISTORY = """
+INSERT INTO jobs (queue, origin_queue, payload, status, attempts, run_after, created_at,
+                  finished_at)
+SELECT 'mail', 'mail', '{}', 'completed', 1, now() - interval '1 day', now() - interval '1 day',
+       now() - interval '1 day'
+  FROM generate_series(1, 30000) g;
+INSERT INTO jobs (queue, origin_queue, payload, status, attempts, run_after, created_at,
+                  finished_at)
+SELECT 'mail.dead', 'mail', '{}', 'dead', 3, now(), now(), now() FROM generate_series(1, 20) g;
+INSERT INTO jobs (queue, origin_queue, payload, status, run_after, created_at)
+SELECT 'mail', 'mail', '{}', 'queued', now(), now() FROM generate_series(1, 50) g;
+"""
+
+
+def test_a_scrape_reads_no_finished_job_to_count_dead_letters(engine: Engine, admin: Any) -> None:
+    """With 30,000 completed jobs kept by retention, the application queues' part of the
+    snapshot reads the waiting, active and dead jobs through indexes that hold only those,
+    never the table."""
+    engine.queues.declare_queue(queue_spec("mail.dead"))
+    engine.queues.declare_queue(queue_spec("mail", dead_letter="mail.dead"))
+    admin.execute(JOBS_HISTORY)
+    admin.execute("VACUUM ANALYZE jobs")
+    row, plans = explained(
+        admin, QUERIES.metrics_snapshot, {"window_seconds": 3600, "stale_after_seconds": 45}
+    )
+    assert row is not None
+    figures = {q["name"]: q for q in row["app_queues"]}
+    assert (figures["mail.dead"]["dead"], figures["mail"]["due"]) == (20, 50)
+    scans = [n for n in nodes(plans[-1]["Plan"]) if n.get("Relation Name") == "jobs"]
+    assert scans and not any(n["Node Type"] == "Seq Scan" for n in scans), scans
+    touched = sum(n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0) for n in scans)
+    table_blocks = admin.execute(
+        "SELECT relpages FROM pg_class WHERE oid = 'jobs'::regclass"
+    ).fetchone()["relpages"]
+    assert touched < 50 < table_blocks, (touched, table_blocks)

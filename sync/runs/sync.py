@@ -15,7 +15,7 @@ import psycopg
 
 from connectors.base import Connector, Mode, Table
 from connectors.errors import Aborted, AuthError, ConnectorError, RetryableError
-from sync import redact
+from sync import redact, tracing
 from sync.abort import AbortReason, AbortSignal
 from sync.budgets import BudgetView
 from sync.checkpoints import RunCheckpoints
@@ -95,6 +95,10 @@ class SyncJob:
                 if abort.is_set:
                     break
                 progress.begin_table(table.name)
+                table_span = tracing.begin(
+                    "connector_sync.table",
+                    {"connector_sync.table": table.name, "connector_sync.run_id": run.id},
+                )
                 result = self._sync_table(
                     run,
                     connector,
@@ -104,6 +108,16 @@ class SyncJob:
                     checkpoints,
                     progress,
                     before.get(table.name),
+                )
+                tracing.end(
+                    table_span,
+                    {
+                        "connector_sync.status": result.status.value,
+                        "connector_sync.upserted": result.upserted,
+                        "connector_sync.unchanged": result.unchanged,
+                        "connector_sync.tombstoned": result.tombstoned,
+                    },
+                    error=result.error.message if result.error else None,
                 )
                 logger.info("table %s %s %s", table.name, result.status.value, result.to_json())
                 if table.files and result.status in (TableStatus.SUCCEEDED, TableStatus.PARTIAL):

@@ -5,6 +5,7 @@ the page that shows the result (so reloading it does not repeat the action)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -16,8 +17,9 @@ from sync.api import Engine
 from sync.ui import csrf
 from sync.ui.render import engine_of
 
-# Takes the engine and the path parameters, does the thing, returns where to go next.
-Perform = Callable[[Engine, dict[str, int]], str]
+# Takes the engine and the path parameters (ids as ints, a queue's name as text), does the
+# thing, returns where to go next.
+Perform = Callable[[Engine, dict[str, Any]], str]
 
 
 def action(path: str, perform: Perform) -> Route:
@@ -25,7 +27,7 @@ def action(path: str, perform: Perform) -> Route:
         if request.app.state.options.read_only:
             raise HTTPException(403, "this page is read-only (started with --read-only)")
         await csrf.verify(request)
-        params = {k: int(v) for k, v in request.path_params.items()}
+        params = dict(request.path_params)
         location = await run_in_threadpool(perform, engine_of(request), params)
         return RedirectResponse(location, status_code=303)
 

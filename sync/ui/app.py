@@ -2,7 +2,7 @@
 CSRF protection, security headers, and one error page for every mistake.
 
 Each page is a module with ``NAV`` (its name and path in the menu, or None) and ``routes``;
-adding a page (queues, jobs, worker lanes) is a module and a line in ``PAGES``. Pages call only
+adding a page is a module and a line in ``PAGES``. Pages call only
 the Python API (``sync.api.Engine``), never SQL.
 """
 
@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sync import redact
 from sync.api import Engine
 from sync.errors import Conflict, DatabaseUnavailable, InvalidInput, NotFound, SyncError
-from sync.ui import connections, login, metrics, runs, workers
+from sync.ui import connections, ingestions, jobs, login, metrics, queues, runs, workers
 from sync.ui.access import AccessMiddleware, AccessRule
 from sync.ui.csrf import CsrfMiddleware
 from sync.ui.render import render
@@ -35,7 +35,16 @@ from sync.ui.render import render
 log = logging.getLogger("sync.ui")
 
 STATIC = Path(__file__).parent / "static"
-PAGES: tuple[ModuleType, ...] = (connections, runs, workers, metrics, login)
+PAGES: tuple[ModuleType, ...] = (
+    connections,
+    runs,
+    queues,
+    jobs,
+    ingestions,
+    workers,
+    metrics,
+    login,
+)
 
 # Everything the page loads comes from this server: no inline script, no third-party origin.
 SECURITY_HEADERS = {

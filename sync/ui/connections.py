@@ -3,6 +3,8 @@ last one ended. Actions: sync now, pause, resume."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
@@ -33,16 +35,16 @@ def live(request: Request) -> Response:
     return render(request, "_connections.html", _context(request))
 
 
-def _sync_now(engine: Engine, params: dict[str, int]) -> str:
+def _sync_now(engine: Engine, params: dict[str, Any]) -> str:
     return f"/runs/{engine.sync(params['connection_id']).id}"
 
 
-def _pause(engine: Engine, params: dict[str, int]) -> str:
+def _pause(engine: Engine, params: dict[str, Any]) -> str:
     engine.pause(params["connection_id"])
     return "/connections"
 
 
-def _resume(engine: Engine, params: dict[str, int]) -> str:
+def _resume(engine: Engine, params: dict[str, Any]) -> str:
     engine.resume(params["connection_id"])
     return "/connections"
 

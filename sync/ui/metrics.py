@@ -4,8 +4,9 @@ by a custom collector (one statement, one snapshot, bounded by a statement timeo
 These figures come from the database, so every replica of the page reports the same thing and
 they survive worker restarts: unfinished runs by kind, provider and status; runs finished in the
 last hour and the records their syncs upserted, left unchanged and tombstoned; the dead letters;
-the queue's depth, delayed retries and oldest due run; runs whose lease lapsed and the
-longest-running run; workers by state.
+the run queue's depth, delayed retries and oldest due run; runs whose lease lapsed and the
+longest-running run; workers by state; and per application queue its due, delayed and active
+jobs, its oldest due job and its dead letters.
 What only a worker process sees (how long claims and runs take, lease losses, rate-limit waits)
 belongs in that worker's own registry, not here.
 """
@@ -90,6 +91,8 @@ def families(snapshot: MetricsSnapshot) -> Iterator[GaugeMetricFamily]:
         labels=["queue"],
     )
     depth.add_metric([RUNS_QUEUE], q.due)
+    for a in snapshot.app_queues:
+        depth.add_metric([a.name], a.due)
     yield depth
     delayed = GaugeMetricFamily(
         f"{PREFIX}_queue_delayed",
@@ -97,6 +100,8 @@ def families(snapshot: MetricsSnapshot) -> Iterator[GaugeMetricFamily]:
         labels=["queue"],
     )
     delayed.add_metric([RUNS_QUEUE], q.delayed)
+    for a in snapshot.app_queues:
+        delayed.add_metric([a.name], a.delayed)
     yield delayed
     oldest = GaugeMetricFamily(
         f"{PREFIX}_queue_oldest_due_seconds",
@@ -104,7 +109,24 @@ def families(snapshot: MetricsSnapshot) -> Iterator[GaugeMetricFamily]:
         labels=["queue"],
     )
     oldest.add_metric([RUNS_QUEUE], q.oldest_due_seconds or 0.0)
+    for a in snapshot.app_queues:
+        oldest.add_metric([a.name], a.oldest_due_seconds or 0.0)
     yield oldest
+    active = GaugeMetricFamily(
+        f"{PREFIX}_queue_active",
+        "Jobs of an application queue whose attempt is running",
+        labels=["queue"],
+    )
+    dead_jobs = GaugeMetricFamily(
+        f"{PREFIX}_queue_dead_letters",
+        "Dead jobs of an application queue (out of attempts) waiting in it for a redrive",
+        labels=["queue"],
+    )
+    for a in snapshot.app_queues:
+        active.add_metric([a.name], a.active)
+        dead_jobs.add_metric([a.name], a.dead)
+    yield active
+    yield dead_jobs
     yield _gauge("runs_waiting", "Purges waiting behind their connection's running sync", q.waiting)
     yield _gauge(
         "runs_lease_expired",

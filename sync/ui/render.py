@@ -7,10 +7,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
+from sync import progress as run_progress
 from sync.api import Engine
 from sync.ui import display
 
@@ -21,7 +23,9 @@ templates.env.filters.update(
     error_headline=display.error_headline,
     error_details=display.error_details,
 )
-templates.env.globals.update(relative=display.relative, progress=display.progress)
+templates.env.globals.update(
+    relative=display.relative, progress=display.progress, position=run_progress.describe
+)
 
 
 def render(
@@ -45,3 +49,21 @@ def render(
 def engine_of(request: Request) -> Engine:
     engine: Engine = request.app.state.engine
     return engine
+
+
+def int_param(request: Request, name: str) -> int | None:
+    """A query parameter that must be a number, or None when it is absent or empty."""
+    value = request.query_params.get(name, "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        raise HTTPException(400, f"{name} must be a number, not {value[:40]!r}")
+    return int(value)
+
+
+def choice_param(request: Request, name: str, allowed: tuple[str, ...]) -> str | None:
+    """A query parameter that must be one of ``allowed``, or None when absent or empty."""
+    value = request.query_params.get(name) or None
+    if value is not None and value not in allowed:
+        raise HTTPException(400, f"{name} must be one of {', '.join(allowed)}")
+    return value

@@ -4,6 +4,8 @@ cancel and retry."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -11,7 +13,7 @@ from starlette.routing import BaseRoute, Route
 
 from sync.api import Engine
 from sync.ui.actions import action
-from sync.ui.render import engine_of, render
+from sync.ui.render import engine_of, int_param, render
 from sync.vocabulary import RunStatus
 
 NAV = ("Runs", "/runs")
@@ -19,22 +21,13 @@ STATUSES = tuple(RunStatus)
 LIMIT = 100
 
 
-def _int_param(request: Request, name: str) -> int | None:
-    value = request.query_params.get(name, "").strip()
-    if not value:
-        return None
-    if not value.isdigit():
-        raise HTTPException(400, f"{name} must be a number, not {value[:40]!r}")
-    return int(value)
-
-
 def _list_context(request: Request) -> dict[str, object]:
     engine = engine_of(request)
     status = request.query_params.get("status") or None
     if status is not None and status not in STATUSES:
         raise HTTPException(400, f"status must be one of {', '.join(STATUSES)}")
-    connection_id = _int_param(request, "connection")
-    workspace_id = _int_param(request, "workspace")
+    connection_id = int_param(request, "connection")
+    workspace_id = int_param(request, "workspace")
     found = engine.runs(
         connection_id=connection_id,
         status=RunStatus(status) if status else None,
@@ -75,11 +68,11 @@ def run_live(request: Request) -> Response:
     return render(request, "_run.html", _run_context(request))
 
 
-def _cancel(engine: Engine, params: dict[str, int]) -> str:
+def _cancel(engine: Engine, params: dict[str, Any]) -> str:
     return f"/runs/{engine.cancel_run(params['run_id']).id}"
 
 
-def _retry(engine: Engine, params: dict[str, int]) -> str:
+def _retry(engine: Engine, params: dict[str, Any]) -> str:
     return f"/runs/{engine.retry_run(params['run_id']).id}"
 
 

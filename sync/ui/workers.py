@@ -1,5 +1,6 @@
 """Worker processes: alive, stale (no heartbeat lately: crashed, frozen or cut off) or stopped,
-and the run each is on."""
+the run each is on, the lanes it gives each application queue and the providers whose
+syncs it can run."""
 
 from __future__ import annotations
 

@@ -1,0 +1,193 @@
+"""A worker's own Prometheus registry: after a scripted set of runs its claim and run
+histograms, record counters and rate-limit waits equal what the database says those runs did;
+a lease taken from it under a running sync is counted; ``--metrics-port`` serves the registry
+over HTTP, parsed by the Prometheus client's own parser."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from connectors import PermanentError
+from connectors.errors import RateLimited
+from sync import Engine
+from sync.db import connect
+from sync.job_lanes import Lanes
+from sync.lease import LeaseKeeper
+from sync.queues import Job, JobStatus, queue_spec
+from sync.queues.postgres import PostgresQueues
+from sync.testing import run_sync
+from sync.worker_metrics import MetricsServer, WorkerMetrics
+from tests.conftest import make_settings
+from tests.test_sync_flow import items, new_dataset
+from tests.ui_support import GATES, new_gate
+from tests.waiting import until
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> Samples:
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def of(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def test_a_workers_registry_matches_what_its_runs_did(engine: Engine) -> None:
+    ws = engine.create_workspace("acme")
+    worker = engine.worker(listen=False)
+
+    def connection(name: str, rows: int, failure: BaseException | None = None) -> int:
+        key, data = new_dataset(items=items(*range(rows)))
+        if failure is not None:
+            data.failures["items"] = (0, failure)
+        return engine.create_connection(ws.id, name, "memory", config={"dataset": key}).id
+
+    ok = connection("ok", 7)
+    first = run_sync(engine, ok, worker=worker)
+    second = run_sync(engine, ok, worker=worker)  # everything unchanged
+    failed = run_sync(engine, connection("broken", 1, PermanentError("refused")), worker=worker)
+    assert (first.status, second.status, failed.status) == ("succeeded", "succeeded", "partial")
+    limited = engine.sync(connection("limited", 1, RateLimited("slow down", retry_after=120)))
+    worker.poll()
+    assert engine.run(limited.id).waits == 1 and engine.run(limited.id).status == "queued"
+    worker.poll()  # nothing due: an empty claim
+
+    samples = parse(generate_latest(worker.metrics.registry).decode())
+
+    # Records: the sums of the per-table results the database holds for these runs.
+    for outcome in ("upserted", "unchanged", "tombstoned"):
+        expected = sum(
+            t.get(outcome, 0) for run in engine.runs(limit=100) for t in run.results.values()
+        )
+        counted = of(
+            samples, "connector_sync_worker_records_total", provider="memory", outcome=outcome
+        )
+        assert counted == expected, outcome
+    assert (
+        of(samples, "connector_sync_worker_records_total", provider="memory", outcome="upserted")
+        == 7
+    )
+    assert (
+        of(samples, "connector_sync_worker_records_total", provider="memory", outcome="unchanged")
+        == 7
+    )
+
+    run = "connector_sync_worker_run_seconds_count"
+    assert of(samples, run, kind="sync", provider="memory", outcome="succeeded") == 2
+    assert of(samples, run, kind="sync", provider="memory", outcome="partial") == 1
+    assert of(samples, run, kind="sync", provider="memory", outcome="wait") == 1
+    attempts = sum(len(engine.attempts(r.id)) for r in engine.runs(limit=100))
+    assert sum(v for (n, _), v in samples.items() if n == run) == attempts
+
+    claims = "connector_sync_worker_claim_seconds_count"
+    assert of(samples, claims, result="claimed") == attempts
+    assert of(samples, claims, result="empty") >= 1
+
+    assert of(samples, "connector_sync_worker_rate_limit_waits_total", provider="memory") == 1
+    wait = of(samples, "connector_sync_worker_rate_limit_wait_seconds_total", provider="memory")
+    assert 60 <= wait <= 120
+    for kind in ("run", "job", "ingestion"):
+        assert of(samples, "connector_sync_worker_lease_losses_total", kind=kind) == 0
+    worker.close()
+
+
+@pytest.fixture
+def fast_engine(schema: str) -> Iterator[Engine]:
+    settings = make_settings(schema, batch_size=25, control_interval=0.05)
+    with Engine(settings, pool_size=6) as engine:
+        engine.migrate()
+        yield engine
+
+
+def test_a_lease_taken_from_a_running_sync_is_counted(fast_engine: Engine, admin: Any) -> None:
+    engine = fast_engine
+    ws = engine.create_workspace("acme")
+    gate = new_gate(rows=100, pause_at=50)  # never released: the lost lease ends the read
+    connection = engine.create_connection(ws.id, "gated", "ui_gated", config={"gate": gate})
+    run = engine.sync(connection.id)
+    worker = engine.worker(listen=False)
+    polling = threading.Thread(target=worker.poll)
+    polling.start()
+    assert GATES[gate].reached.wait(60)
+    # Another worker's claim, as the database would see it after this one froze.
+    admin.execute(
+        "UPDATE connection_runs SET lease_owner = gen_random_uuid() WHERE id = %s", (run.id,)
+    )
+    polling.join(60)
+    assert not polling.is_alive()
+    samples = parse(generate_latest(worker.metrics.registry).decode())
+    assert of(samples, "connector_sync_worker_lease_losses_total", kind="run") == 1
+    assert (
+        of(
+            samples,
+            "connector_sync_worker_run_seconds_count",
+            kind="sync",
+            provider="ui_gated",
+            outcome="stop",
+        )
+        == 1
+    )
+    worker.close()
+
+
+def test_the_metrics_port_serves_the_registry(engine: Engine) -> None:
+    worker = engine.worker(listen=False)
+    worker.poll()
+    served = MetricsServer(worker.metrics.registry, "127.0.0.1", 0)
+    try:
+        response = httpx.get(f"http://127.0.0.1:{served.port}/metrics")
+        assert response.status_code == 200
+        samples = parse(response.text)
+        assert of(samples, "connector_sync_worker_claim_seconds_count", result="empty") == 1
+        with pytest.raises(OSError):
+            MetricsServer(worker.metrics.registry, "127.0.0.1", served.port)
+    finally:
+        served.stop()
+        worker.close()
+
+
+def test_lanes_time_their_claims_and_each_jobs_attempt(engine: Engine) -> None:
+    settings = engine.settings.model_copy(update={"poll_interval": 0.05})
+    url = engine.settings.database_url
+    assert url is not None
+    keeper = LeaseKeeper(settings, lambda: connect(settings, url))
+    queues = PostgresQueues(engine.pool)
+    queues.declare_queue(queue_spec("mail", retry_limit=0))
+
+    def deliver(job: Job, abort: Any) -> None:
+        if job.payload["bounce"]:
+            raise RuntimeError("mailbox unavailable")
+
+    queues.register("mail", deliver)
+    bounced = queues.send("mail", {"bounce": True})  # one lane: it runs first, then the other
+    delivered = queues.send("mail", {"bounce": False})
+    metrics = WorkerMetrics()
+    lanes = Lanes(queues, {"mail": 1}, keeper, settings, metrics)
+    lanes.start()
+    try:
+        until(
+            lambda: queues.get_job(delivered).status is JobStatus.COMPLETED,
+            lanes.completions.flushed,
+        )
+    finally:
+        lanes.stop()
+        keeper.stop()
+    assert queues.get_job(bounced).status is JobStatus.DEAD
+    samples = parse(generate_latest(metrics.registry).decode())
+    jobs = "connector_sync_worker_job_seconds_count"
+    assert of(samples, jobs, queue="mail", outcome="completed") == 1
+    assert of(samples, jobs, queue="mail", outcome="failed") == 1
+    claims = of(samples, "connector_sync_worker_job_claim_seconds_count", queue="mail")
+    assert claims == lanes.claims
