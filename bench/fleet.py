@@ -138,8 +138,8 @@ class Phase:
         woken, or polling, for no run it could take."""
         if not self.statements:
             return None
-        claim = self.statements.get("claim_run", {"calls": 0, "rows": 0})
-        return claim["calls"] - claim["rows"]
+        claims = [self.statements.get(name) for name in ("claim_run", "claim_run_v3")]
+        return sum(c["calls"] - c["rows"] for c in claims if c is not None)
 
 
 @dataclass

@@ -113,7 +113,12 @@ def claimer(url: str, worker_id: str, start: float, ready: Any, stop: EventType,
     sends back (seconds since ``start``, claim ms) for every claim that took a run."""
     from sync.queries import QUERIES
 
-    claim = {"worker_id": worker_id, "lease": timedelta(seconds=120), "providers": None}
+    claim = {
+        "worker_id": worker_id,
+        "lease": timedelta(seconds=120),
+        "providers": None,
+        "wakeable": False,
+    }
     samples: list[tuple[float, float]] = []
     with connect(url) as conn, conn.cursor(row_factory=dict_row) as cur:
         ready.put(worker_id)

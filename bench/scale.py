@@ -128,16 +128,42 @@ BASE_BACK = "UPDATE connection_runs SET queued_at = queued_at - interval '1 hour
 )
 
 
-def claim_latencies(url: str, claims: int, *, expect_run: bool = True) -> list[float]:
+PARAMS = {
+    "worker_id": "bench-scale",
+    "lease": timedelta(seconds=120),
+    "providers": None,
+    "wakeable": False,
+}
+
+
+def claim_query(version: str) -> Any:
+    """The worker's claim statement ``claim_run`` (over ``claim_run_v3``: the index of unparked
+    runs, 0013_lane_parking.sql), or for ``v1`` the same statement over ``claim_run_v2``, the
+    claim of the previous release, which walks every due run."""
+    from psycopg import sql
+
     from sync.queries import QUERIES
 
-    params = {"worker_id": "bench-scale", "lease": timedelta(seconds=120), "providers": None}
+    if version == "v3":
+        return QUERIES.claim_run
+    text = QUERIES._by_name["claim_run"].text.replace(
+        "claim_run_v3(%(worker_id)s, %(lease)s, %(providers)s::text[], %(wakeable)s)",
+        "claim_run_v2(%(worker_id)s, %(lease)s, %(providers)s::text[])",
+    )
+    return sql.SQL(text)  # type: ignore[arg-type]
+
+
+def claim_latencies(
+    url: str, claims: int, *, expect_run: bool = True, version: str = "v1"
+) -> list[float]:
+    params = PARAMS
+    query = claim_query(version)
     timings = []
     with connect(url) as conn:
         for _ in range(claims):
             with conn.transaction(force_rollback=True):
                 start = time.perf_counter()
-                row = conn.execute(QUERIES.claim_run, params).fetchone()
+                row = conn.execute(query, params).fetchone()
                 timings.append(1000 * (time.perf_counter() - start))
                 if (row is not None) != expect_run:
                     raise RuntimeError(
@@ -146,10 +172,8 @@ def claim_latencies(url: str, claims: int, *, expect_run: bool = True) -> list[f
     return timings
 
 
-def claim_plans(url: str) -> list[dict[str, Any]]:
+def claim_plans(url: str, version: str = "v1") -> list[dict[str, Any]]:
     """The plans of the statements inside one claim, from auto_explain."""
-    from sync.queries import QUERIES
-
     notices: list[str] = []
     with connect(url) as conn:
         conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
@@ -169,14 +193,7 @@ def claim_plans(url: str) -> list[dict[str, Any]]:
         for _ in range(2):
             notices.clear()
             with conn.transaction(force_rollback=True):
-                conn.execute(
-                    QUERIES.claim_run,
-                    {
-                        "worker_id": "bench-scale",
-                        "lease": timedelta(seconds=120),
-                        "providers": None,
-                    },
-                ).fetchone()
+                conn.execute(claim_query(version), PARAMS).fetchone()
     return [json.loads(m[m.index("{") :]) for m in notices if "{" in m]
 
 
@@ -235,12 +252,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="10 k and 100 k only")
     parser.add_argument("--claims", type=int, help="timed claims per size (default 300)")
+    parser.add_argument(
+        "--blocked",
+        type=lambda v: tuple(int(x) for x in v.split(",")),
+        help="lane-blocked backlog sizes, comma-separated (default 1000 quick, 1000,10000 full)",
+    )
     add_json_option(parser)
     args = parser.parse_args()
     json_mode(args)
     claims = args.claims or (50 if args.quick else 300)
     sizes = (10_000, 100_000) if args.quick else (10_000, 100_000, 1_000_000)
-    blocked_sizes = (1_000,) if args.quick else (1_000, 10_000)
+    blocked_sizes = args.blocked or ((1_000,) if args.quick else (1_000, 10_000))
     rows: list[list[Any]] = []
     results: list[dict[str, Any]] = []
     plans_out: list[tuple[str, list[str]]] = []
@@ -255,15 +277,17 @@ def main() -> None:
         have = 0
         reference = float("nan")
 
-        def measure(label: str, finished: int, *, expect_run: bool = True) -> None:
+        def measure(
+            label: str, finished: int, *, expect_run: bool = True, version: str = "v1"
+        ) -> None:
             nonlocal reference
             with connect(url) as conn:
                 conn.execute("VACUUM ANALYZE connection_runs")
-            timings = claim_latencies(url, claims, expect_run=expect_run)
+            timings = claim_latencies(url, claims, expect_run=expect_run, version=version)
             p50 = median(timings)
             if reference != reference:
                 reference = p50
-            lines, buffers = describe_plans(claim_plans(url))
+            lines, buffers = describe_plans(claim_plans(url, version))
             rows.append(
                 [
                     label,
@@ -278,6 +302,7 @@ def main() -> None:
             results.append(
                 {
                     "history": label.strip(),
+                    "claim": "claim_run_v3" if version == "v3" else "claim_run_v2",
                     "runs_in_table": finished,
                     "p50_ms": p50,
                     "p95_ms": percentile(timings, 95),
@@ -293,6 +318,7 @@ def main() -> None:
             have = size
             measure(f"{size:,} finished runs", have)
             if size == sizes[0]:
+                measure("  the same, claim_run_v3 (lane parking)", have, version="v3")
                 # An idle poll: the same claim with nothing due, the reference for the
                 # lane-blocked claims below that also end with nothing.
                 with connect(url) as conn:
@@ -317,12 +343,19 @@ def main() -> None:
                     with connect(url) as conn:
                         exec_all(conn, BLOCKED, count=count)
                     measure(f"{size:,} finished + {count:,} lane-blocked, then 5 due", have)
+                    measure("  the same, claim_run_v3 (lane parking)", have, version="v3")
                     with connect(url) as conn:
                         conn.execute(BASE_AWAY)
                     measure(
                         f"{size:,} finished + {count:,} lane-blocked, nothing else due",
                         have,
                         expect_run=False,
+                    )
+                    measure(
+                        "  the same, claim_run_v3 (lane parking)",
+                        have,
+                        expect_run=False,
+                        version="v3",
                     )
                     with connect(url) as conn:
                         conn.execute(BASE_BACK)

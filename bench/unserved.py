@@ -71,7 +71,12 @@ def claims(url: str, count: int) -> tuple[list[float], list[float]]:
         for round_ in range(20 + count):  # the first 20 compile the function, untimed
             for lacking in (True, False):
                 providers = SERVED if lacking else None
-                params = {"worker_id": "bench", "lease": LEASE, "providers": providers}
+                params = {
+                    "worker_id": "bench",
+                    "lease": LEASE,
+                    "providers": providers,
+                    "wakeable": False,
+                }
                 with conn.transaction(force_rollback=True):
                     start = time.perf_counter()
                     row = cursor.execute(QUERIES.claim_run, params).fetchone()

@@ -14,18 +14,24 @@
 
 
 -- name: enqueue_run
--- Queues a sync of an active connection, or returns the run already queued/running for it.
-SELECT * FROM enqueue_run_v2(%(connection_id)s, %(workspace_id)s, %(trigger)s, %(max_attempts)s);
+-- Queues a sync of an active connection, or returns the run already queued/running for it;
+-- wakes one worker that can run it, none if the new run is parked behind a busy lane (see
+-- enqueue_run_v3() in 0013_lane_parking.sql). Invariant: one queued/running run per connection.
+SELECT * FROM enqueue_run_v3(%(connection_id)s, %(workspace_id)s, %(trigger)s, %(max_attempts)s);
 
 -- name: claim_run
--- Claims the oldest claimable run this worker can execute (see claim_run_v2() in
--- 0012_fence_and_versions.sql: a sync only of a provider in `providers`) and returns it
--- with what the executor needs of its connection and its tables' cursors, in one round trip.
+-- Claims the oldest claimable run this worker can execute (see claim_run_v3() in
+-- 0013_lane_parking.sql: a sync only of a provider in `providers`, walking only the index of
+-- unparked runs, so runs queued behind a busy lane cost the claim nothing) and returns it with
+-- what the executor needs of its connection and its tables' cursors, in one round trip. The
+-- limiter's invariant and its re-check under the workspace lock are those of claim_run_v2().
+-- `wakeable`: this worker listens on its own channel; an empty claim marks it idle so that one
+-- enqueue wakes it alone.
 SELECT r.*, c.name AS connection_name, c.status AS connection_status, c.config,
        c.credentials,
        (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
          WHERE s.connection_id = r.connection_id AND s.cursor IS NOT NULL) AS cursors
-  FROM claim_run_v2(%(worker_id)s, %(lease)s, %(providers)s::text[]) r
+  FROM claim_run_v3(%(worker_id)s, %(lease)s, %(providers)s::text[], %(wakeable)s) r
   LEFT JOIN connections c ON c.id = r.connection_id;
 
 -- name: renew_lease
@@ -95,22 +101,25 @@ UPDATE connections
 RETURNING *;
 
 -- name: finish_run
--- Seals a run (see finish_run_v2() in 0012_fence_and_versions.sql). Fenced: a stale owner's
--- finish matches nothing and returns false.
-SELECT finish_run_v2(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
-                     %(processed_units)s, %(disconnect)s) AS sealed;
+-- Seals a run (see finish_run_v3() in 0013_lane_parking.sql), waking one worker only if the
+-- finish made a run claimable (the lane's next sync, a purge waiting for this run). Fenced: a
+-- stale owner's finish matches nothing and returns false.
+SELECT f.id IS NOT NULL AS sealed
+  FROM finish_run_v3(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
+                     %(processed_units)s, %(disconnect)s) f;
 
 -- name: finish_and_claim
 -- The worker loop's one round trip between two runs: seals the run it just executed, then
--- claims the next (see finish_and_claim_v2()). Returns whether the finish sealed, and the
--- claimed run (all NULL when there is none) with the same extras as claim_run.
+-- claims the next (see finish_and_claim_v3()), waking another worker only for a run this one
+-- did not take itself. Returns whether the finish sealed, and the claimed run (all NULL when
+-- there is none) with the same extras as claim_run.
 SELECT f.sealed, (f.claimed).*, c.name AS connection_name,
        c.status AS connection_status, c.config, c.credentials,
        (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
          WHERE s.connection_id = (f.claimed).connection_id AND s.cursor IS NOT NULL) AS cursors
-  FROM finish_and_claim_v2(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
+  FROM finish_and_claim_v3(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
                            %(processed_units)s, %(disconnect)s, %(worker_id)s, %(lease)s,
-                           %(providers)s::text[]) f
+                           %(providers)s::text[], %(wakeable)s) f
   LEFT JOIN connections c ON c.id = (f.claimed).connection_id;
 
 -- name: requeue_run

@@ -24,6 +24,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from types import FrameType
 from typing import Any
@@ -81,8 +82,10 @@ class Listener:
         url: str,
         wake: threading.Event,
         on_job: Callable[[str | None], object] | None = None,
+        worker_id: str | None = None,
     ) -> None:
         self._settings = settings
+        self._worker_id = worker_id  # also listens on this worker's own channel
         self._url = url
         self._wake = wake
         self._on_job = on_job
@@ -129,6 +132,17 @@ class Listener:
                     conn.execute(
                         psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel["c"]))
                     )
+                    if self._worker_id is not None:
+                        own = conn.execute(
+                            psycopg.sql.SQL("SELECT {}.worker_channel_v3(%s) AS c").format(
+                                psycopg.sql.Identifier(self._settings.schema_name)
+                            ),
+                            (self._worker_id,),
+                        ).fetchone()
+                        assert own is not None
+                        conn.execute(
+                            psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(own["c"]))
+                        )
                     self.connected.set()
                     self._wake.set()
                     if self._on_job is not None:
@@ -259,7 +273,7 @@ class Worker:
                 self.settings.poll_interval,
             )
             return None
-        return Listener(self.settings, target, self._wake, on_job)
+        return Listener(self.settings, target, self._wake, on_job, worker_id=self.id)
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -414,7 +428,7 @@ class Worker:
         run, self._prefetched = self._prefetched, None
         if run is None:
             began = time.monotonic()
-            run = self._store.claim(self._claim_terms)
+            run = self._store.claim(self._terms())
             found = "empty" if run is None else "claimed"
             self.metrics.claim_seconds.labels(found).observe(time.monotonic() - began)
             if run is None:
@@ -427,13 +441,20 @@ class Worker:
             self.runs_executed += 1
         return True
 
+    def _terms(self) -> ClaimTerms:
+        """The claim's terms as of now: an empty claim may mark this worker idle, to be woken
+        alone on its own channel, only while its loop runs and its LISTEN connection is up."""
+        listener = self._listener
+        wakeable = self._continuous and listener is not None and listener.connected.is_set()
+        return replace(self._claim_terms, wakeable=wakeable)
+
     def _seal(self, seal: Seal) -> bool:
         """The finish of the run just executed. In the loop it claims the next run in the same
         round trip (kept for the next poll); a bare poll() (tests, `worker --once`) and a
         worker asked to stop leave nothing claimed behind."""
         if not self._continuous or self._stop_requested:
             return self._store.finish(seal)
-        sealed, self._prefetched = self._store.finish_and_claim(seal, self._claim_terms)
+        sealed, self._prefetched = self._store.finish_and_claim(seal, self._terms())
         return sealed
 
     def _keeper_figures(self) -> Iterator[CounterMetricFamily]:

@@ -56,10 +56,12 @@ SELECT count(*) FILTER (WHERE ra.kind = 'purge' OR rb.kind = 'purge'
 """
 
 # The claim as it must not be written: the limiter checked by NOT EXISTS in the same statement
-# that takes the locks, with no re-check. Installed only to show the stress test catches it.
+# that takes the locks, with no re-check. Installed only to show the stress test catches it, in
+# place of the claim the workers call (claim_run_v3, also behind finish_and_claim_v3).
 NAIVE_CLAIM = """
-DROP FUNCTION claim_run_v2(text, interval, text[]);
-CREATE FUNCTION claim_run_v2(p_worker_id text, p_lease interval, p_providers text[] DEFAULT NULL)
+DROP FUNCTION claim_run_v3(text, interval, text[], boolean);
+CREATE FUNCTION claim_run_v3(p_worker_id text, p_lease interval, p_providers text[] DEFAULT NULL,
+                             p_wakeable boolean DEFAULT false)
 RETURNS SETOF connection_runs LANGUAGE sql SET search_path FROM CURRENT AS $$
     WITH candidate AS (
         SELECT r.id, r.attempts FROM connection_runs r JOIN workspaces w ON w.id = r.workspace_id
@@ -179,7 +181,7 @@ def test_twelve_processes_never_claim_one_run_twice(schema: str) -> None:
         "                       options='-c search_path=' + sys.argv[2])\n"
         "got = []\n"
         "while True:\n"
-        "    row = conn.execute('SELECT id FROM claim_run_v2(%s, %s)', "
+        "    row = conn.execute('SELECT id FROM claim_run_v3(%s, %s)', "
         "(sys.argv[3], datetime.timedelta(minutes=5))).fetchone()\n"
         "    if row is None:\n"
         "        break\n"

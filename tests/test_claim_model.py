@@ -116,7 +116,12 @@ class ClaimModel(RuleBasedStateMachine):
         with self.engine.pool.connection() as conn:
             row = conn.execute(
                 QUERIES.claim_run,
-                {"worker_id": "model", "lease": timedelta(minutes=5), "providers": None},
+                {
+                    "worker_id": "model",
+                    "lease": timedelta(minutes=5),
+                    "providers": None,
+                    "wakeable": False,
+                },
             ).fetchone()
         if expected is None:
             assert row is None, f"claimed {row['id'] if row else None}, model expected none"

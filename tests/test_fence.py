@@ -25,12 +25,16 @@ _WRITTEN_OUT = re.compile(
 )
 
 FENCED = sorted(n for n in QUERIES.names() if "run_fence_v1" in QUERIES._by_name[n].text)
-# Fenced inside a versioned function: the plan to check is the function's own statement.
+# Fenced inside a versioned function: the plan to check is the function's own statement (the
+# finish's own UPDATE, not the lane trigger's).
 FENCED_IN_FUNCTIONS = {
-    "finish_run": "UPDATE connection_runs",
+    "finish_run": "SET status = p_status",
     "tombstone_unseen": "SELECT 1 FROM connection_runs",
     "unseen_rows": "SELECT 1 FROM connection_runs",
 }
+
+# The version of the function each of those named statements calls.
+VERSIONS = {"finish_run": "v3", "tombstone_unseen": "v2", "unseen_rows": "v2"}
 
 HISTORY = """
 INSERT INTO workspaces (name) VALUES ('ws');
@@ -47,7 +51,11 @@ def test_the_fence_is_written_once() -> None:
     """No statement of queries.sql and no function of the versioned migration writes the
     fence's conditions out; the fenced statements the record writer, the lease keeper and the
     outcome depend on all use the function."""
-    for path in [sql_dir() / "queries.sql", sql_dir() / "0012_fence_and_versions.sql"]:
+    for path in [
+        sql_dir() / "queries.sql",
+        sql_dir() / "0012_fence_and_versions.sql",
+        sql_dir() / "0013_lane_parking.sql",
+    ]:
         text = path.read_text()
         definition = text.find("CREATE FUNCTION run_fence_v1")
         if definition >= 0:  # the one place the conditions are written
@@ -61,8 +69,8 @@ def test_the_fence_is_written_once() -> None:
         "store_response",
     }  # fmt: skip
     assert expected <= set(FENCED)
-    for name in FENCED_IN_FUNCTIONS:
-        assert f"{name}_v2(" in QUERIES._by_name[name].text
+    for name, version in VERSIONS.items():
+        assert f"{name}_{version}(" in QUERIES._by_name[name].text
 
 
 def _fence_scans(plan: dict[str, Any]) -> list[dict[str, Any]]:
@@ -169,7 +177,8 @@ def test_the_fence_inside_the_versioned_functions_uses_the_primary_key(
     )
     calls = {
         "finish_run": (
-            "SELECT finish_run_v2(%s, %s, 'succeeded', '{}', NULL, NULL, false) AS sealed",
+            "SELECT f.id IS NOT NULL AS sealed"
+            " FROM finish_run_v3(%s, %s, 'succeeded', '{}', NULL, NULL, false) f",
             (run_id, owner),
         ),
         "tombstone_unseen": (

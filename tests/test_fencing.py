@@ -42,7 +42,12 @@ def claim(engine: Engine, worker_id: str) -> dict[str, Any]:
     with engine.pool.connection() as conn:
         row = conn.execute(
             QUERIES.claim_run,
-            {"worker_id": worker_id, "lease": timedelta(seconds=120), "providers": None},
+            {
+                "worker_id": worker_id,
+                "lease": timedelta(seconds=120),
+                "providers": None,
+                "wakeable": False,
+            },
         ).fetchone()
     assert row is not None
     return dict(row)

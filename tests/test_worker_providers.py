@@ -15,7 +15,12 @@ def claim(engine: Engine, providers: list[str] | None) -> dict[str, Any] | None:
     with engine.pool.connection() as conn:
         row: dict[str, Any] | None = conn.execute(
             QUERIES.claim_run,
-            {"worker_id": "w", "lease": timedelta(minutes=1), "providers": providers},
+            {
+                "worker_id": "w",
+                "lease": timedelta(minutes=1),
+                "providers": providers,
+                "wakeable": False,
+            },
         ).fetchone()
         return row
 

@@ -58,11 +58,13 @@ class ClaimedRun(_FromRow):
 @dataclass(frozen=True)
 class ClaimTerms:
     """What a claim asks for: the claiming worker, the lease it takes, and the providers whose
-    syncs it can run (None: any)."""
+    syncs it can run (None: any). ``wakeable``: the worker listens on its own channel, so an
+    empty claim marks it idle, to be woken alone by the next run it can take."""
 
     worker_id: str
     lease_seconds: float
     providers: list[str] | None
+    wakeable: bool = False
 
 
 @dataclass(frozen=True)

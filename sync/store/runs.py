@@ -42,6 +42,7 @@ def _claim_params(terms: ClaimTerms) -> dict[str, Any]:
         "worker_id": terms.worker_id,
         "lease": timedelta(seconds=terms.lease_seconds),
         "providers": terms.providers,
+        "wakeable": terms.wakeable,
     }
 
 
