@@ -47,8 +47,9 @@ def test_first_use_by_two_processes_at_once(home: Path, tmp_path: Path) -> None:
         assert code == 0, err
         assert json.loads(out) == []
         assert f"database: embedded Postgres under {home.resolve() / 'pgdata'}" in err
-    # Exactly one of them applied the migrations; the other found them applied.
-    assert sum("migrated just now" in err for _, _, err in outcomes) == 1
+    # migrate locks per migration file, so the two may share the files between them (each file
+    # is applied once: tests/test_migrations.py); at least one of them applied some.
+    assert sum("migrated just now" in err for _, _, err in outcomes) >= 1
 
     # The next command reuses the running server.
     again = subprocess.run(
