@@ -18,6 +18,7 @@ from sync import Engine
 from sync.abort import AbortReason, AbortSignal
 from sync.db import Connection, connect
 from sync.lease import Control, Lease, LeaseKeeper, LeaseKind, Terms
+from tests.conftest import direct_only
 from tests.test_fencing import claim
 from tests.test_sync_flow import items, new_dataset
 
@@ -152,6 +153,10 @@ def test_many_leases_of_two_kinds_are_renewed_and_only_a_lost_one_stops(
     assert keep.watched == 0
 
 
+@direct_only(
+    "the test cuts the engine's own backends by their application_name; behind PgBouncer the "
+    "server connections are PgBouncer's, and it replaces one cut while idle"
+)
 def test_a_cut_connection_is_reopened_and_no_lease_is_lost(
     engine: Engine, admin: psycopg.Connection[Any], keeper: tuple[LeaseKeeper, Ticks]
 ) -> None:
