@@ -1,5 +1,7 @@
--- The tables of SPEC §3. Runs from `connector-sync migrate` with search_path set to the
--- target schema, so no name below is schema-qualified.
+-- The engine's tables: workspaces, their connections, the runs that sync or purge them and their
+-- attempts, the records they write, and the state each table keeps between runs. Runs from
+-- `connector-sync migrate` with search_path set to the target schema, so no name below is
+-- schema-qualified.
 
 CREATE TABLE workspaces (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

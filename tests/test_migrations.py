@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from sync import Engine, MigrationError, SchemaBehind
-from sync.migrations import shipped
+from sync.migrations import REWORDED, shipped
 from tests.conftest import DATABASE_URL, make_settings
 
 
@@ -66,6 +66,18 @@ def test_an_edited_migration_is_an_error(schema: str, admin: Any) -> None:
         edited = r"0001_schema\.sql was edited after it was applied"
         with pytest.raises(MigrationError, match=edited):
             engine.migrate()
+
+
+def test_a_database_migrated_before_a_comment_was_reworded_still_verifies(
+    schema: str, admin: Any
+) -> None:
+    """0001's opening comment was reworded after release; its statements are unchanged, so a
+    database that recorded the earlier checksum migrates and opens as before."""
+    with Engine(make_settings(schema)) as engine:
+        engine.migrate()
+        (earlier,) = REWORDED[1]
+        admin.execute("UPDATE schema_migrations SET checksum = %s WHERE version = 1", (earlier,))
+        assert engine.migrate() == []
 
 
 def test_the_worker_refuses_a_schema_that_is_behind(schema: str, admin: Any) -> None:
