@@ -31,12 +31,14 @@ def dead_job(engine: Engine) -> int:
     queues = engine.queues
     queues.declare_queue(queue_spec("mail.dead"))
     queues.declare_queue(
-        queue_spec("mail", retry_limit=1, retry_delay=0.001, dead_letter="mail.dead")
+        queue_spec("mail", retry_limit=1, retry_delay=60, dead_letter="mail.dead")
     )
     queues.register("mail", fail)
     job_id = queues.send("mail", {"to": "ops@example.com"})
     queues.run_due()
-    queues.retry_job(job_id)  # the retry is due now
+    # The retry waits a minute, so the first run_due() ran one attempt only; retry_job makes
+    # it due now. (A delay shorter than run_due() itself let that one call run both attempts.)
+    queues.retry_job(job_id)
     queues.run_due()
     job = queues.get_job(job_id)
     assert (job.status, job.queue, job.attempts) == (JobStatus.DEAD, "mail.dead", 2)
