@@ -1,5 +1,10 @@
 """The plans of statements as they really run, nested ones included (auto_explain), for plan
-regression tests."""
+regression tests.
+
+The tests give the planner statistics with ``ANALYZE`` of their own schema's tables, named: a
+bare ``ANALYZE`` sent in one multi-statement string runs in one transaction and locks every
+table of every test's schema in turn, which deadlocks with another test dropping its schema.
+"""
 
 from __future__ import annotations
 

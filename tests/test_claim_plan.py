@@ -21,7 +21,7 @@ SELECT 1 + g % 200, 1 + (g % 200) % 20, 'memory',
   FROM generate_series(1, 100000) g;
 INSERT INTO connection_runs (connection_id, workspace_id, provider, status)
 SELECT id, workspace_id, provider, 'queued' FROM connections WHERE id <= 5;
-ANALYZE;
+ANALYZE workspaces, connections, connection_runs;
 """
 
 

@@ -43,7 +43,7 @@ INSERT INTO connection_runs (connection_id, workspace_id, provider, status, queu
                              finished_at, attempts)
 SELECT 1, 1, 'memory', 'succeeded', now() - interval '30 days', now(), 1
   FROM generate_series(1, 20000) g;
-ANALYZE;
+ANALYZE workspaces, connections, connection_runs;
 """
 
 

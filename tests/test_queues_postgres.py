@@ -74,7 +74,7 @@ def test_the_claim_reads_its_partial_indexes_with_100k_finished_jobs(
     engine: Engine, admin: Any
 ) -> None:
     admin.execute(HISTORY)
-    admin.execute("ANALYZE")
+    admin.execute("ANALYZE job_queues, jobs")
     admin.execute(BACKLOG)
     row, plans = explained(
         admin, "SELECT id FROM claim_jobs_v1(ARRAY['docs.ingest'], 10, 60, NULL)"

@@ -27,7 +27,7 @@ INSERT INTO records (connection_id, table_name, external_id, data, content_hash,
 SELECT 1, 'items', g::text, '{}', '\\x00', gen_random_uuid(),
        CASE WHEN g % 10 = 0 THEN now() - interval '100 days' END
   FROM generate_series(1, 50000) g;
-ANALYZE;
+ANALYZE workspaces, connections, connection_runs, run_attempts, records;
 """
 
 
@@ -103,7 +103,7 @@ INSERT INTO ingestions (workspace_id, status, source, local_path, source_hash, m
 SELECT 1, CASE WHEN g % 10 = 0 THEN 'queued' ELSE 'ready' END, 'local', '/data/' || g, '\\x00', 3,
        CASE WHEN g % 10 = 0 THEN NULL ELSE now() - interval '90 days' + g * interval '1 min' END
   FROM generate_series(1, 50000) g;
-ANALYZE;
+ANALYZE workspaces, job_queues, jobs, job_attempts, ingestions;
 """
 
 
