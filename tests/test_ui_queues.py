@@ -30,9 +30,7 @@ def dead_job(engine: Engine) -> int:
     dead there. Queue ``mail.dead`` has no handler, so nothing runs it."""
     queues = engine.queues
     queues.declare_queue(queue_spec("mail.dead"))
-    queues.declare_queue(
-        queue_spec("mail", retry_limit=1, retry_delay=60, dead_letter="mail.dead")
-    )
+    queues.declare_queue(queue_spec("mail", retry_limit=1, retry_delay=60, dead_letter="mail.dead"))
     queues.register("mail", fail)
     job_id = queues.send("mail", {"to": "ops@example.com"})
     queues.run_due()
