@@ -15,6 +15,7 @@ import httpx
 import psycopg
 import pytest
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.routing import Route
 
 from connectors import PermanentError
@@ -299,9 +300,21 @@ def test_the_page_works_under_the_runtime_role(
                 "/jobs",
                 "/ingestions",
                 "/workers",
-                "/metrics",
             ):
                 assert client.get(path).status_code == 200, path
+            # /metrics answers 200 even when it cannot read the database: its figures say
+            # whether this role could.
+            scrape = client.get("/metrics")
+            assert scrape.status_code == 200
+            samples = {
+                (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                for family in text_string_to_metric_families(scrape.text)
+                for sample in family.samples
+            }
+            assert samples[("connector_sync_database_up", ())] == 1.0
+            queued = (("kind", "sync"), ("provider", "memory"), ("status", "queued"))
+            assert samples[("connector_sync_runs", queued)] == 1.0
+            assert samples[("connector_sync_queue_depth", (("queue", "runs"),))] == 1.0
             token = csrf_token(client, "/runs/1")
             assert client.post("/runs/1/cancel", data={"csrf_token": token}).status_code == 303
     assert engine.run(1).status == "cancelled"
