@@ -9,6 +9,8 @@ import re
 import threading
 import uuid
 from collections.abc import Iterator
+from html.parser import HTMLParser
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,6 +28,7 @@ from sync.queues import queue_spec
 from sync.testing import run_sync
 from sync.ui.app import UiOptions, create_app
 from tests.conftest import DATABASE_URL, DIRECT_URL, make_settings
+from tests.ingestion_support import write_text
 from tests.test_sync_flow import items, new_dataset
 from tests.ui_support import GATES, csrf_token, new_gate, serving
 from tests.waiting import poll_until
@@ -318,6 +321,102 @@ def test_the_page_works_under_the_runtime_role(
             token = csrf_token(client, "/runs/1")
             assert client.post("/runs/1/cancel", data={"csrf_token": token}).status_code == 303
     assert engine.run(1).status == "cancelled"
+
+
+# -- nothing from another origin -----------------------------------------------------------------
+
+# Attributes through which a page makes the browser load or send something.
+URL_ATTRIBUTES = {"src", "href", "action", "formaction", "poster", "data", "hx-get", "hx-post"}
+
+
+class References(HTMLParser):
+    """Every URL a page's tags name, and the bodies of its inline scripts and styles."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+        self.srcsets: list[str] = []
+        self._tag = ""
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self._tag = tag
+        for name, value in attrs:
+            if value is None:
+                continue
+            if name in URL_ATTRIBUTES:
+                self.urls.append(value)
+            elif name == "srcset":
+                self.urls.extend(part.split()[0] for part in value.split(",") if part.strip())
+            elif name == "style" and "url(" in value:
+                self.urls.extend(CSS_URL.findall(value))
+
+    def handle_data(self, data: str) -> None:
+        if self._tag == "style":
+            self.urls.extend(CSS_URL.findall(data))
+
+
+CSS_URL = re.compile(r"""url\(\s*['"]?([^'")\s]+)""")
+
+
+def content_security_policy(header: str) -> dict[str, list[str]]:
+    directives = (part.split() for part in header.split(";") if part.strip())
+    return {name: sources for name, *sources in directives}
+
+
+def test_pages_load_nothing_from_another_origin(
+    engine: Engine, queued_run: Any, tmp_path: Path
+) -> None:
+    engine.queues.declare_queue(queue_spec("mail"))
+    job_id = engine.queues.send("mail", {"to": "ops@example.com"})
+    ingestion = engine.ingest(write_text(tmp_path / "notes.txt", paragraphs=2), 1)
+    options = UiOptions(token=TOKEN)  # so that the sign-in page is served too
+    with serving(engine, options) as url, httpx.Client(base_url=url) as client:
+        origin = httpx.URL(url)
+        signed_in = {**HTML, "authorization": f"Bearer {TOKEN}"}
+        pages = [
+            "/connections",
+            "/connections/live",
+            "/runs",
+            "/runs/live",
+            "/runs/1",
+            "/runs/1/live",
+            "/queues",
+            "/jobs",
+            f"/jobs/{job_id}",
+            "/ingestions",
+            f"/ingestions/{ingestion.id}",
+            "/workers",
+            "/login",
+            "/runs/999",  # an error page
+        ]
+        static = ["/static/ui.css", "/static/ui.js", "/static/htmx.min.js"]
+        for path in pages + static:
+            response = client.get(path, headers=HTML if path == "/login" else signed_in)
+            expected = {"/login": 401, "/runs/999": 404}.get(path, 200)  # the sign-in form: 401
+            assert response.status_code == expected, path
+            policy = content_security_policy(response.headers["content-security-policy"])
+            assert policy["default-src"] == ["'self'"], path
+            # No directive lets anything in from elsewhere: only this server (or the page's own
+            # data: favicon).
+            for directive, sources in policy.items():
+                assert set(sources) <= {"'self'", "'none'", "data:"}, (path, directive)
+            if path in static:
+                continue
+            found = References()
+            found.feed(response.text)
+            assert any("/static/" in u for u in found.urls) or path.endswith("/live"), path
+            for reference in found.urls:
+                target = origin.join(reference)
+                assert target.scheme in ("http", "data"), (path, reference)
+                if target.scheme == "http":
+                    assert (target.host, target.port) == (origin.host, origin.port), (
+                        path,
+                        reference,
+                    )
+        # The stylesheet loads no font or image from elsewhere either.
+        css = client.get("/static/ui.css", headers=signed_in).text
+        for reference in CSS_URL.findall(css):
+            assert origin.join(reference).host == origin.host, reference
 
 
 # -- no credential anywhere ----------------------------------------------------------------------
