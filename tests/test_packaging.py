@@ -52,9 +52,7 @@ def unpacked(wheel: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_the_engine_from_the_wheel_alone_migrates_a_database(
-    unpacked: Path, schema: str
-) -> None:
+def test_the_engine_from_the_wheel_alone_migrates_a_database(unpacked: Path, schema: str) -> None:
     """Nothing of the checkout is on the path: the process runs from the unpacked wheel (its
     dependencies from this environment), as after a non-editable install."""
     script = (

@@ -1,12 +1,18 @@
 """Traces through the OpenTelemetry API, recorded by the SDK's in-memory exporter: a sync's
 attempt is a span, each table a span inside it, each provider HTTP request a client span inside
-its table's, with no credential and no query string in any attribute. Without an SDK (every
-other test) the same code records nothing."""
+its table's, with no credential and no query string in any attribute. Without an SDK, in a process
+that cannot import one, the same code records and exports nothing."""
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from opentelemetry import context, trace
@@ -137,3 +143,43 @@ def test_a_failing_table_marks_its_span_and_the_runs(
     assert attempts
     assert attempts[-1].status.status_code is StatusCode.ERROR
     assert (attempts[-1].attributes or {})["connector_sync.outcome"] == "failed"
+
+
+@pytest.mark.slow
+def test_without_an_sdk_spans_record_nothing_and_nothing_is_exported(schema: str) -> None:
+    """A process that cannot import the SDK runs a sync: every span the engine and the HTTP
+    client start is the API's non-recording one, under the API's default proxy provider. The
+    exporter settings an SDK would read point at a socket here; nothing connects to it."""
+    collector = socket.create_server(("127.0.0.1", 0))
+    port = collector.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update(
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+    )
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "tests.tracing_without_sdk", schema],
+            cwd=Path(__file__).parent.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "Traceback" not in result.stderr
+        seen = json.loads(result.stdout.strip().splitlines()[-1])
+        # The process has ended: a connection it made would be waiting in the backlog.
+        collector.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            collector.accept()
+    finally:
+        collector.close()
+    assert seen["status"] == "succeeded"
+    assert seen["provider"] == "ProxyTracerProvider" and not seen["sdk_loaded"]
+    # The attempt, its tables and its HTTP requests each started a span...
+    assert seen["spans"] >= 4
+    # ...and none of them records, or has an id an exporter could send.
+    assert seen["recording"] == 0 and seen["valid_contexts"] == 0
+    assert seen["span_types"] == ["NonRecordingSpan"]
