@@ -7,15 +7,17 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import expect
+from playwright.sync_api import Locator, expect
 
 from sync import Engine
 from sync.queues import Job, JobStatus, queue_spec
 from sync.vocabulary import RunError
 from tests.conftest import make_settings
+from tests.ingestion_support import chunk_count, write_text
 from tests.ui_support import GATES, Browser, chromium, new_gate, serving, worker_loop
 
 # Every test here starts a process of its own (see tests/conftest.py).
@@ -180,6 +182,59 @@ def test_every_page_renders_without_console_errors(fast_engine: Engine, browser:
         expect(page.locator(f"#connection-{connection}")).to_contain_text("active")
         browser.screenshot("connections")
         assert "never-shown-1" not in page.content()
+        browser.leave()
+
+
+def fact(facts: Locator, name: str) -> Locator:
+    """The value of the <dt>name</dt><dd>value</dd> pair of a list of facts."""
+    term = facts.locator("dt", has_text=re.compile(rf"^{re.escape(name)}$"))
+    return term.locator("xpath=following-sibling::dd[1]")
+
+
+def test_an_ingestions_page_follows_it_to_its_results(
+    fast_engine: Engine, browser: Browser, tmp_path: Path
+) -> None:
+    path = write_text(tmp_path / "site-notes.txt", paragraphs=12)
+    total = chunk_count(path)
+    assert total > 1
+    ws = fast_engine.create_workspace("acme")
+    ingestion = fast_engine.ingest(path, ws.id)
+    page = browser.page
+    with serving(fast_engine) as url:
+        page.goto(f"{url}/ingestions/{ingestion.id}")
+        section = page.locator("#ingestion")
+        expect(section).to_have_attribute("data-status", "queued")
+        expect(page.locator("#processed")).to_have_text("0")
+        expect(page.locator("#results")).to_have_count(0)
+        expect(section).to_contain_text(str(path))
+        browser.screenshot("ingestion-queued")
+
+        # One worker poll indexes the whole file; the open page follows it live.
+        worker = fast_engine.worker(listen=False)
+        try:
+            assert worker.poll()
+        finally:
+            worker.close()
+        done = fast_engine.ingestion(ingestion.id)
+        assert (done.status, done.processed_units, done.total_units) == ("ready", total, total)
+        expect(section).to_have_attribute("data-status", "ready")
+        expect(page.locator("#processed")).to_have_text(str(total))
+        expect(page.locator("#total")).to_have_text(str(total))
+        expect(page.locator("#progress progress")).to_have_attribute("value", str(total))
+        expect(page.locator("#progress progress")).to_have_attribute("max", str(total))
+        assert done.results
+        for name, value in done.results.items():
+            expect(fact(page.locator("#results"), name)).to_have_text(str(value))
+        expect(fact(section, "attempts")).to_have_text(f"1 of {done.max_attempts}")
+        # It is over: the page stops reloading.
+        expect(section).not_to_have_attribute("hx-get", re.compile("."))
+        expect(page.get_by_role("button", name="Cancel")).to_have_count(0)
+        browser.screenshot("ingestion-ready")
+
+        page.goto(f"{url}/ingestions")
+        row = page.locator(f"#ingestion-{ingestion.id}")
+        expect(row).to_have_attribute("data-status", "ready")
+        expect(row).to_contain_text(f"{total} / {total}")
         browser.leave()
 
 
