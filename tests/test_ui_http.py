@@ -330,12 +330,11 @@ URL_ATTRIBUTES = {"src", "href", "action", "formaction", "poster", "data", "hx-g
 
 
 class References(HTMLParser):
-    """Every URL a page's tags name, and the bodies of its inline scripts and styles."""
+    """Every URL a page names: in its tags' attributes and in its inline styles."""
 
     def __init__(self) -> None:
         super().__init__()
         self.urls: list[str] = []
-        self.srcsets: list[str] = []
         self._tag = ""
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
