@@ -105,7 +105,7 @@ def test_a_cancel_mid_document_stops_within_one_batch(
     assert done.processed_units == 60
     assert len(stored_chunks(admin, done.document_id or 0)) == 60
     # A cancelled document is not searchable.
-    assert engine.search("steel beam", ws.id) == []
+    assert list(engine.search("steel beam", ws.id)) == []
 
 
 def test_a_shutdown_hands_it_back_without_spending_an_attempt(
@@ -148,7 +148,7 @@ def test_a_stale_claim_writes_nothing(engine: Engine, admin: Any, tmp_path: Path
         stale = store.owner_of(row)
         begun = store.begin(
             conn, stale, name="a.txt", media_type="text/plain", scope="local:/",
-            content_sha256="00", total_units=5, results={},
+            content_sha256="00", indexed_with="x", total_units=5, results={},
         )  # fmt: skip
         assert begun is not None and begun.processed_units == 0
         admin.execute("UPDATE ingestions SET lease_expires_at = now() - interval '1 second'")
@@ -158,7 +158,7 @@ def test_a_stale_claim_writes_nothing(engine: Engine, admin: Any, tmp_path: Path
         assert again is not None and again["lease_owner"] != stale.owner
         assert again["attempts"] == 2
         with conn.transaction():
-            assert store.record_batch(conn, stale, 5) is None
+            assert store.record_batch(conn, stale, 5, timedelta(seconds=120)) is None
         assert not store.fence(conn, stale)
         finished = store.finish(
             conn, stale, document_id=begun.document_id, record_hash=None, name="a.txt",
