@@ -133,9 +133,10 @@ SELECT id, status, scope, version, content_sha256, indexed_with, chunks FROM doc
 -- name: begin_ingestion
 -- An attempt's first write, fenced: the file's document (made now if it has none) is marked
 -- indexing, and the ingestion records it, the file's name and scope, the SHA-256 of the bytes
--- it indexes and how many chunks they make. Its processed_units is kept when the bytes are
--- those an earlier attempt worked on (it resumes there), and set to 0 when they differ: the
--- chunks of other bytes are another list.
+-- it indexes, the embedding model and chunk settings it indexes them with, and how many chunks
+-- they make. Its processed_units is kept when the bytes and the settings are those an earlier
+-- attempt worked with (it resumes there), and set to 0 when either differs: the chunks of other
+-- bytes, or of other settings, are another list, and a document never mixes two models.
 WITH fence AS (
     SELECT i.* FROM ingestions i
      WHERE i.id = %(ingestion_id)s AND i.lease_owner = %(lease_owner)s AND i.status = 'running'
@@ -153,8 +154,10 @@ WITH fence AS (
 )
 UPDATE ingestions i
    SET document_id = doc.id, name = %(name)s, scope = %(scope)s,
-       content_sha256 = %(content_sha256)s, total_units = %(total_units)s,
+       content_sha256 = %(content_sha256)s, indexed_with = %(indexed_with)s,
+       total_units = %(total_units)s,
        processed_units = CASE WHEN i.content_sha256 IS NOT DISTINCT FROM %(content_sha256)s
+                               AND i.indexed_with IS NOT DISTINCT FROM %(indexed_with)s
                               THEN least(i.processed_units, %(total_units)s) ELSE 0 END,
        results = i.results || %(results)s
   FROM doc
@@ -165,7 +168,11 @@ RETURNING i.processed_units, i.document_id;
 -- The fence of one batch's transaction, and its checkpoint: the new processed_units, written
 -- only while this claim holds the ingestion, with the row locked until the batch's chunks are
 -- written in the same transaction. Zero rows: the lease is lost. cancel_requested: stop here.
-UPDATE ingestions SET processed_units = %(processed_units)s
+-- It also renews the lease, in the row update it makes anyway: under the same conditions as
+-- renew_ingestion_lease (this owner, running, a live lease), so an expired lease is never
+-- revived, and a batch's progress is proof of life even when the lease keeper is slow.
+UPDATE ingestions SET processed_units = %(processed_units)s,
+                      lease_expires_at = now() + %(lease)s
  WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
    AND lease_expires_at > now()
 RETURNING cancel_requested_at IS NOT NULL AS cancel_requested;
@@ -357,6 +364,46 @@ UPDATE ingestions
  WHERE id = %(ingestion_id)s AND status IN ('queued', 'running')
    AND (%(workspace_id)s::bigint IS NULL OR workspace_id = %(workspace_id)s)
 RETURNING *;
+
+-- name: documents_by_settings
+-- The ready documents of one workspace that have chunks, counted by the embedding model and
+-- chunk settings they were indexed with: what a search says of the documents embedded by
+-- another model than its own (it compares their vectors with nothing, so it finds them by
+-- their words only).
+SELECT indexed_with, count(*) AS documents, sum(chunks)::bigint AS chunks
+  FROM documents
+ WHERE workspace_id = %(workspace_id)s AND status = 'ready' AND chunks > 0
+   AND indexed_with IS NOT NULL
+ GROUP BY indexed_with
+ ORDER BY indexed_with;
+
+-- name: queue_reindex
+-- Queues an ingestion of each file of a workspace whose ready document was indexed otherwise
+-- than `indexed_with` (another embedding model or other chunk settings), once per file: the
+-- members of an archive are indexed again through their archive's ingestion, whose expansion
+-- queues the members indexed otherwise. Only live files of connections that are not being
+-- deleted, and local files; a file with an ingestion already queued or running is left to it
+-- (its worker indexes it with its own settings).
+INSERT INTO ingestions (workspace_id, source, connection_id, table_name, external_id,
+                        local_path, name, scope, source_hash, max_attempts)
+SELECT DISTINCT ON (d.source_key)
+       d.workspace_id, CASE WHEN d.connection_id IS NULL THEN 'local' ELSE 'file' END,
+       d.connection_id, d.table_name, d.external_id, d.local_path,
+       CASE WHEN d.member_path = '' THEN d.name END, d.scope,
+       coalesce(r.content_hash, d.source_hash), %(max_attempts)s
+  FROM documents d
+  LEFT JOIN connections c ON c.id = d.connection_id
+  LEFT JOIN records r ON r.connection_id = d.connection_id AND r.table_name = d.table_name
+                     AND r.external_id = d.external_id
+ WHERE d.workspace_id = %(workspace_id)s AND d.source_key IS NOT NULL AND d.status = 'ready'
+   AND d.indexed_with IS DISTINCT FROM %(indexed_with)s
+   AND (d.connection_id IS NULL
+        OR (c.status <> 'deleting' AND r.content_hash IS NOT NULL AND r.deleted_at IS NULL))
+ ORDER BY d.source_key, d.member_path
+ON CONFLICT (source_key, member_path)
+   WHERE status IN ('queued', 'running') AND source_key IS NOT NULL
+DO NOTHING
+RETURNING id;
 
 -- name: get_ingestion
 -- One ingestion, scoped to a workspace when one is given.

@@ -149,6 +149,17 @@ def fail(message: str, code: int = USER_ERROR) -> NoReturn:
     raise typer.Exit(code)
 
 
+def setting_problems(exc: ValidationError) -> str:
+    """What is wrong with the settings, never a value given (which may be a secret): each
+    field and its problem, or a problem of several fields as the check said it."""
+    problems = []
+    for e in exc.errors():
+        where = ".".join(str(p) for p in e["loc"])
+        message = e["msg"].removeprefix("Value error, ")
+        problems.append(f"{where}: {message}" if where else message)
+    return "; ".join(problems)
+
+
 def guarded(command: Callable[P, R]) -> Callable[P, R]:
     """Turns the errors a user can cause into one line and exit code 2, and says which
     database the command used once it succeeded."""
@@ -160,10 +171,7 @@ def guarded(command: Callable[P, R]) -> Callable[P, R]:
         except SyncError as exc:
             fail(str(exc))
         except ValidationError as exc:  # a setting from the environment
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-            )
-            fail(f"invalid setting ({problems})")
+            fail(f"invalid setting ({setting_problems(exc)})")
         except connectors.UnknownProvider as exc:
             fail(str(exc))
         except psycopg.OperationalError as exc:

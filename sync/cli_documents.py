@@ -225,9 +225,12 @@ def search_command(
     as_json: bool = JsonOption,
 ) -> None:
     """The chunks of WORKSPACE's documents that best match QUERY: full-text rank and vector
-    similarity combined, best first, each with its file and page."""
+    similarity combined, best first, each with its file and page. Documents embedded by another
+    model than the configured one are matched by their words only; a line on stderr says so."""
     with open_engine() as engine:
         hits = engine.search(query, _workspace(engine, workspace), limit=limit)
+    if hits.notice:
+        print(f"note: {hits.notice}", file=sys.stderr, flush=True)
     if as_json:
         emit_json([{**asdict(h), "file": hit_file(h)} for h in hits])
         return
@@ -340,6 +343,8 @@ def ingestions_show(ingestion_id: int = IngestionArg, as_json: bool = JsonOption
     if i.kind is IngestionKind.DOCUMENT:
         total = "?" if i.total_units is None else f"{i.total_units:,}"
         rows.append(("chunks", f"{i.processed_units:,} of {total} embedded and stored"))
+        if i.indexed_with:
+            rows.append(("embedded by", i.indexed_with))
         if "pages" in i.results:
             pages = f"{i.results['pages']}"
             if i.results.get("skipped_pages"):
@@ -373,6 +378,23 @@ def ingestions_show(ingestion_id: int = IngestionArg, as_json: bool = JsonOption
     out.print(details(rows))
     if members:
         out.print(ingestions_table(members, out.width, title="member files"))
+
+
+@ingestions_app.command("reindex")
+@guarded
+def ingestions_reindex(workspace: str | None = WorkspaceOption, as_json: bool = JsonOption) -> None:
+    """Index WORKSPACE's files again whose documents were embedded by another model, or cut
+    with other chunk settings, than this process's settings give (after the embedder was
+    changed). Each document leaves search while a worker indexes it again."""
+    with open_engine() as engine:
+        ws = _workspace(engine, workspace)
+        queued = engine.reindex(ws)
+    if as_json:
+        emit_json({"workspace_id": ws, "queued": queued})
+    elif queued:
+        stdout().print(f"{queued} file(s) queued to be indexed again")
+    else:
+        stdout().print("every document is indexed with the configured embedder and chunks")
 
 
 @ingestions_app.command("cancel")

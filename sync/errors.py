@@ -38,6 +38,10 @@ class SecretsError(SyncError):
     pass
 
 
+class EndpointFailed(SyncError):
+    """An outside service the engine calls for the request (the embeddings endpoint) failed."""
+
+
 class LeaseLost(Exception):
     """A fenced write matched nothing: another worker owns the run now, or the lease expired."""
 

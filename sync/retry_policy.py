@@ -1,5 +1,6 @@
-"""Pure decisions about a run's fate: the backoff before the next attempt and what an attempt's
-per-table results mean for the run. No I/O here; the executor applies what these return."""
+"""Pure decisions about a run's fate: the backoff before the next attempt, what a database
+error means (for every job kind) and what an attempt's per-table results mean for the run. No
+I/O here; the executor applies what these return."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
+import psycopg
+
 from sync.abort import AbortReason
+from sync.db import first_line
+from sync.store.retry import is_connection_lost, is_transient
 from sync.vocabulary import ErrorKind, RunError, RunStatus, TableStatus
 
 DEFAULT_BACKOFF: tuple[float, ...] = (5.0, 30.0, 120.0)
@@ -113,6 +118,27 @@ def backoff_delay(
     (the last one past its end) times a random factor in [1 - jitter, 1 + jitter]."""
     base = schedule[min(max(attempt, 1), len(schedule)) - 1]
     return base * (1 - jitter + 2 * jitter * rand())
+
+
+def database_error(exc: psycopg.Error, *, what: str = "a value") -> RunError:
+    """What a database error that ended an attempt means, the same for every job kind (a run's
+    table or attempt, a purge, an ingestion), so an error is retried or not whoever met it:
+
+    - a transient failure (the server rolled the statement back: a deadlock, a serialization
+      failure, a lock timeout; see :func:`sync.store.retry.is_transient`) or a lost connection:
+      ``database``, retried after the backoff while attempts remain; the next attempt will
+      most likely not meet it;
+    - Postgres refused the data (SQLSTATE class 22, a data exception; class 23, a violated
+      check, not-null, unique or foreign-key constraint): ``record``, permanent, since the same
+      data is refused the same way on every attempt; ``what`` names the data in the message;
+    - anything else (a schema behind its code, a resource limit, a bug): ``database``, retried
+      like any unexpected failure while attempts remain, then failed with them spent."""
+    line = first_line(exc)
+    if not (is_transient(exc) or is_connection_lost(exc)) and isinstance(
+        exc, psycopg.DataError | psycopg.IntegrityError
+    ):
+        return RunError(ErrorKind.RECORD, f"Postgres rejected {what}: {line}")
+    return RunError(ErrorKind.DATABASE, f"database error: {line}")
 
 
 class Action(StrEnum):

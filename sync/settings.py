@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -164,6 +164,41 @@ class Settings(BaseSettings):
         "died) is taken by another worker.",
     )
 
+    # Embeddings: what turns chunks (by the workers) and queries (by search) into vectors. Every
+    # process of a deployment needs the same ones (see docs/documents.md).
+    embedder: Literal["hashing", "openai"] = Field(
+        default="hashing",
+        description="`hashing`: lexical feature hashing, no network; `openai`: an "
+        "OpenAI-compatible embeddings endpoint, set by the `embeddings_*` settings.",
+    )
+    embeddings_url: str | None = Field(
+        default=None,
+        description="The endpoint's base URL, to which `/embeddings` is added, such as "
+        "https://api.openai.com/v1 (embedder `openai`).",
+    )
+    embeddings_model: str | None = Field(
+        default=None,
+        description="The model the endpoint embeds with, such as text-embedding-3-small.",
+    )
+    embeddings_dimensions: int | None = Field(
+        default=None,
+        ge=16,
+        le=16_000,
+        description="The vectors' length: what the model serves (1536 for "
+        "text-embedding-3-small), or what it is asked for with `embeddings_send_dimensions`. "
+        "Required for `openai`; 256 for `hashing` when unset.",
+    )
+    embeddings_send_dimensions: bool = Field(
+        default=False,
+        description="Ask the endpoint for `embeddings_dimensions` (OpenAI's text-embedding-3 "
+        "models shorten on request; older models refuse the parameter).",
+    )
+    embeddings_api_key: SecretStr | None = Field(
+        default=None,
+        description="The endpoint's API key, sent as a Bearer token; unset sends none (a "
+        "self-hosted server). Never printed or logged.",
+    )
+
     ui_token: SecretStr | None = Field(
         default=None,
         description="The operator page's access token; requests without it get 401.",
@@ -172,6 +207,28 @@ class Settings(BaseSettings):
         default=None,
         description="A header naming the user, set by a reverse proxy the operator trusts.",
     )
+
+    @model_validator(mode="after")
+    def _endpoint_is_complete(self) -> Settings:
+        if self.embedder != "openai":
+            return self
+        missing = [
+            "CONNECTOR_SYNC_" + name.upper()
+            for name in ("embeddings_url", "embeddings_model", "embeddings_dimensions")
+            if not getattr(self, name)
+        ]
+        if missing:
+            raise ValueError(
+                "the embedder `openai` needs " + ", ".join(missing) + " (or set "
+                "CONNECTOR_SYNC_EMBEDDER=hashing)"
+            )
+        url = self.embeddings_url or ""
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(
+                "CONNECTOR_SYNC_EMBEDDINGS_URL is not an http(s) URL; give the endpoint's "
+                "base URL, such as https://api.openai.com/v1"
+            )
+        return self
 
     @field_validator("schema_name")
     @classmethod

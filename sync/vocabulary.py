@@ -77,7 +77,7 @@ class ErrorKind(StrEnum):
     GONE = "gone"  # the file was deleted upstream
     AUTH = "auth"  # the credentials were refused: the connection is disconnected
     CONFIG = "config"  # the connection's config or credentials do not validate
-    RECORD = "record"  # Postgres refused a record
+    RECORD = "record"  # Postgres refused a record or a value (data error, constraint)
     DATABASE = "database"  # a database error the next attempt may not meet
     INTERNAL = "internal"  # a bug: an unexpected exception
     TIMEOUT = "timeout"  # the run exceeded its timeout

@@ -357,6 +357,7 @@ class Worker:
         if self._lanes is not None:
             self._lanes.stop()
         self._keeper.stop()
+        self.ingestions.close()
         with _open_here_lock:
             if self._open_here:
                 _open_here.discard(self.id)

@@ -11,7 +11,14 @@ from typing import Any
 import psycopg
 
 from sync import Engine
-from sync.documents import DocumentLimits, Extraction, HashingEmbedder, MediaType, chunks
+from sync.documents import (
+    DocumentLimits,
+    Embedder,
+    Extraction,
+    HashingEmbedder,
+    MediaType,
+    chunks,
+)
 from sync.documents.embeddings import Vector
 from sync.worker import Worker
 
@@ -39,11 +46,13 @@ def chunk_count(path: Path) -> int:
 
 
 class CountingEmbedder:
-    """The default embedder, counting each batch it embeds (and the first chunk text of each),
-    and calling ``before(n)`` before it embeds its ``n``-th batch."""
+    """The default embedder (or ``inner``), counting each batch it embeds (and the first chunk
+    text of each), and calling ``before(n)`` before it embeds its ``n``-th batch."""
 
-    def __init__(self, before: Callable[[int], object] | None = None) -> None:
-        self._inner = HashingEmbedder()
+    def __init__(
+        self, before: Callable[[int], object] | None = None, inner: Embedder | None = None
+    ) -> None:
+        self._inner = inner or HashingEmbedder()
         self.batches: list[int] = []
         self.first_texts: list[str] = []
         self._before = before

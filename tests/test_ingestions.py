@@ -16,6 +16,7 @@ import pytest
 from connectors import RetryableError
 from sync import Engine
 from sync.abort import AbortReason
+from sync.documents import HashingEmbedder
 from sync.errors import Conflict, InvalidInput, NotFound
 from sync.ingestions import stage as stage_module
 from sync.ingestions import store
@@ -105,7 +106,7 @@ def test_a_cancel_mid_document_stops_within_one_batch(
     assert done.processed_units == 60
     assert len(stored_chunks(admin, done.document_id or 0)) == 60
     # A cancelled document is not searchable.
-    assert engine.search("steel beam", ws.id) == []
+    assert list(engine.search("steel beam", ws.id)) == []
 
 
 def test_a_shutdown_hands_it_back_without_spending_an_attempt(
@@ -139,6 +140,90 @@ def test_a_shutdown_hands_it_back_without_spending_an_attempt(
     assert resumed.embedded == (done.total_units or 0) - 60
 
 
+def test_an_attempt_with_another_model_starts_again_at_chunk_0(
+    small_batches: Engine, admin: Any, tmp_path: Path
+) -> None:
+    engine = small_batches
+    ws = engine.create_workspace("docs")
+    ingestion = engine.ingest(write_text(tmp_path / "long.txt", paragraphs=120), ws.id)
+    worker = worker_with(engine)
+    worker.ingestions.embedder = CountingEmbedder(before=lambda n: n == 3 and worker.stop())
+    try:
+        assert worker.poll()
+    finally:
+        worker.close()
+    assert engine.ingestion(ingestion.id).processed_units == 60  # three batches of 20
+
+    # The next worker embeds with another model: the 60 chunks stored are not its own, so it
+    # embeds every chunk, and the document holds one model only.
+    other = CountingEmbedder(inner=HashingEmbedder(64))
+    again = worker_with(engine, other)
+    try:
+        drain(again)
+    finally:
+        again.close()
+    done = engine.ingestion(ingestion.id)
+    assert done.status == "ready" and other.embedded == done.total_units
+    assert done.indexed_with is not None and done.indexed_with.startswith("hashing-v1-64/")
+    models = {row[3] for row in stored_chunks(admin, done.document_id or 0)}
+    assert models == {"hashing-v1-64"}
+
+
+def test_a_batch_renews_the_lease_and_never_revives_an_expired_one(
+    engine: Engine, admin: Any, tmp_path: Path
+) -> None:
+    ws = engine.create_workspace("docs")
+    engine.ingest(write_text(tmp_path / "a.txt", paragraphs=10), ws.id)
+    with engine.pool.connection() as conn:
+        row = store.claim_document(conn, "worker-a", timedelta(seconds=120), None)
+        assert row is not None
+        lease = store.owner_of(row)
+        begun = store.begin(
+            conn, lease, name="a.txt", media_type="text/plain", scope="local:/",
+            content_sha256="00", indexed_with="x", total_units=10, results={},
+        )  # fmt: skip
+        assert begun is not None
+        admin.execute("UPDATE ingestions SET lease_expires_at = now() + interval '5 seconds'")
+        with conn.transaction():
+            assert store.record_batch(conn, lease, 5, timedelta(seconds=600)) is False
+        left = admin.execute("SELECT lease_expires_at - now() AS left FROM ingestions").fetchone()
+        assert timedelta(seconds=590) <= left["left"] <= timedelta(seconds=600)
+
+        admin.execute("UPDATE ingestions SET lease_expires_at = now() - interval '1 second'")
+        with conn.transaction():
+            assert store.record_batch(conn, lease, 10, timedelta(seconds=600)) is None
+    after = admin.execute(
+        "SELECT processed_units, lease_expires_at < now() AS expired FROM ingestions"
+    ).fetchone()
+    assert after == {"processed_units": 5, "expired": True}
+
+
+def test_a_value_the_database_refuses_fails_the_ingestion_at_once(
+    engine: Engine, admin: Any, tmp_path: Path
+) -> None:
+    # A constraint the chunks break on every attempt (a check violation, SQLSTATE 23514).
+    admin.execute(
+        "ALTER TABLE document_chunks ADD CONSTRAINT no_forbidden "
+        "CHECK (position('forbidden' in text) = 0)"
+    )
+    ws = engine.create_workspace("docs")
+    path = tmp_path / "a.txt"
+    path.write_text("This paragraph holds a forbidden word.\n")
+    ingestion = engine.ingest(path, ws.id)
+    worker = worker_with(engine)
+    try:
+        assert worker.poll()
+    finally:
+        worker.close()
+    failed = engine.ingestion(ingestion.id)
+    assert failed.status == "failed" and failed.attempts == 1
+    assert failed.error is not None and failed.error["kind"] == "record"
+    assert failed.error["message"].startswith(
+        'Postgres rejected a value: new row for relation "document_chunks" violates check '
+        'constraint "no_forbidden"'
+    )
+
+
 def test_a_stale_claim_writes_nothing(engine: Engine, admin: Any, tmp_path: Path) -> None:
     ws = engine.create_workspace("docs")
     ingestion = engine.ingest(write_text(tmp_path / "a.txt", paragraphs=10), ws.id)
@@ -148,7 +233,7 @@ def test_a_stale_claim_writes_nothing(engine: Engine, admin: Any, tmp_path: Path
         stale = store.owner_of(row)
         begun = store.begin(
             conn, stale, name="a.txt", media_type="text/plain", scope="local:/",
-            content_sha256="00", total_units=5, results={},
+            content_sha256="00", indexed_with="x", total_units=5, results={},
         )  # fmt: skip
         assert begun is not None and begun.processed_units == 0
         admin.execute("UPDATE ingestions SET lease_expires_at = now() - interval '1 second'")
@@ -158,7 +243,7 @@ def test_a_stale_claim_writes_nothing(engine: Engine, admin: Any, tmp_path: Path
         assert again is not None and again["lease_owner"] != stale.owner
         assert again["attempts"] == 2
         with conn.transaction():
-            assert store.record_batch(conn, stale, 5) is None
+            assert store.record_batch(conn, stale, 5, timedelta(seconds=120)) is None
         assert not store.fence(conn, stale)
         finished = store.finish(
             conn, stale, document_id=begun.document_id, record_hash=None, name="a.txt",

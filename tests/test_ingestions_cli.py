@@ -13,7 +13,8 @@ import pytest
 from sync.ingestions.models import Ingestion, IngestionKind, IngestionStatus
 from tests.cli_backends import Backend, Cli
 from tests.conftest import DATABASE_URL
-from tests.ingestion_support import chunk_count, write_text
+from tests.documents_fixtures import pdf
+from tests.ingestion_support import chunk_count, drain, worker_with, write_text
 
 
 @pytest.fixture
@@ -62,6 +63,30 @@ def test_ingest_wait_search_and_the_ingestion_in_detail(cli: Cli, tmp_path: Path
 
     ended = cli("ingestions", "cancel", "1")
     ended.one_line_error("ingestion 1 has already ended (ready)")
+
+
+def test_pages_without_text_are_counted_through_the_whole_job(cli: Cli, tmp_path: Path) -> None:
+    cli("workspaces", "create", "site").ok()
+    path = tmp_path / "drawings.pdf"
+    # Pages 2 and 4 are images only (scans): no text layer, and no OCR.
+    path.write_bytes(pdf(["Steel beams on page one", None, "Concrete on page three", None]))
+    queued = cli("ingest", str(path), "-w", "site", "--json").json()
+    engine = cli.backend.engine()
+    worker = worker_with(engine)
+    try:
+        drain(worker)
+    finally:
+        worker.close()
+        engine.close()
+
+    shown = cli("ingestions", "show", str(queued["id"]), "--json").json()
+    assert shown["status"] == "ready", shown["error"]
+    assert (shown["results"]["pages"], shown["results"]["skipped_pages"]) == (4, 2)
+    detail = cli("ingestions", "show", str(queued["id"]), columns=80).ok().out
+    narrow(detail)
+    assert "4, 2 without text (skipped; no OCR)" in detail
+    hits = cli("search", "concrete", "-w", "site", "--json").json()
+    assert [(h["file"], h["page"]) for h in hits] == [("drawings.pdf", 3)]
 
 
 def test_a_queued_ingestion_is_cancelled_at_once(cli: Cli, tmp_path: Path) -> None:

@@ -123,6 +123,47 @@ def test_synced_files_are_ingested_changed_ones_again_and_deleted_ones_dropped(
         assert project is not None and scope == f"project:{project['project_id']}"
 
 
+def test_reindex_embeds_synced_files_and_archive_members_with_the_model_now_configured(
+    engine: Engine, admin: Any, server: str
+) -> None:
+    ws, conn = documents(engine, server)
+    worker = worker_with(engine)
+    try:
+        assert run_sync(engine, conn, worker=worker).status == "succeeded"
+        drain(worker)
+    finally:
+        worker.close()
+    ready = admin.execute(
+        "SELECT count(*) AS n, count(DISTINCT source_key) AS files FROM documents "
+        "WHERE status = 'ready'"
+    ).fetchone()
+    assert ready["n"] > ready["files"]  # archive members share their archive's file
+
+    engine.settings.embeddings_dimensions = 64  # another model: hashing-v1-64
+    before = engine.search("submittal shop drawings", ws, limit=5)
+    assert before.notice is not None and "hashing-v1-256, not the configured hashing-v1-64" in (
+        before.notice
+    )
+    assert engine.reindex(ws) == ready["files"]  # one per file; an archive's members with it
+    assert engine.reindex(ws) == 0  # already queued
+    again = worker_with(engine)
+    try:
+        drain(again)
+    finally:
+        again.close()
+    models = admin.execute(
+        "SELECT DISTINCT c.embedding_model FROM document_chunks c "
+        "JOIN documents d ON d.id = c.document_id WHERE d.status = 'ready'"
+    ).fetchall()
+    assert [m["embedding_model"] for m in models] == ["hashing-v1-64"]
+    assert admin.execute(
+        "SELECT count(*) AS n FROM documents WHERE status = 'ready'"
+    ).fetchone() == {"n": ready["n"]}
+    after = engine.search("submittal shop drawings", ws, limit=5)
+    assert after.notice is None and len(after) == 5
+    assert engine.reindex(ws) == 0
+
+
 def test_a_file_that_moves_while_indexed_is_not_ready_under_its_old_scope(
     schema: str, admin: Any, server: str, simulation: Simulation
 ) -> None:

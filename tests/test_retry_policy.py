@@ -1,19 +1,24 @@
-"""Property tests of the pure decisions: backoff bounds and a run's fate after an attempt."""
+"""Property tests of the pure decisions: backoff bounds, what a database error means (the same
+for a run and an ingestion), and a run's fate after an attempt."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import psycopg
+import psycopg.errors
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sync.abort import AbortReason
+from sync.ingestions.decisions import Next, after_failure
 from sync.retry_policy import (
     Action,
     TableResult,
     Waiting,
     backoff_delay,
+    database_error,
     decide,
     merged,
     ordinal,
@@ -30,6 +35,56 @@ def test_backoff_stays_within_the_jitter_window(attempt: int, r: float) -> None:
     base = SCHEDULE[min(max(attempt, 1), 3) - 1]
     delay = backoff_delay(attempt, SCHEDULE, 0.2, lambda: r)
     assert base * 0.8 <= delay <= base * 1.2
+
+
+# Every SQLSTATE psycopg knows a class for.
+SQLSTATES = sorted(
+    {
+        cls.sqlstate
+        for cls in vars(psycopg.errors).values()
+        if isinstance(cls, type) and issubclass(cls, psycopg.Error) and cls.sqlstate
+    }
+)
+
+
+@given(
+    code=st.sampled_from(SQLSTATES),
+    attempts=st.integers(min_value=1, max_value=6),
+    max_attempts=st.integers(min_value=1, max_value=6),
+    r=unit,
+)
+def test_a_database_error_means_the_same_for_a_run_and_an_ingestion(
+    code: str, attempts: int, max_attempts: int, r: float
+) -> None:
+    exc = psycopg.errors.lookup(code)("the server said no")
+    error = database_error(exc)
+    # Postgres refused the data (a data exception, a violated constraint): the same data is
+    # refused again, so no retry; anything else is retried while attempts remain.
+    refused = code[:2] in ("22", "23")
+    assert error.is_retryable is not refused
+    assert error.kind is (ErrorKind.RECORD if refused else ErrorKind.DATABASE)
+
+    ingestion = after_failure(exc, attempts=attempts, max_attempts=max_attempts, rand=lambda: r)
+    run = decide({}, attempts=attempts, max_attempts=max_attempts, run_error=error, rand=lambda: r)
+    assert ingestion.error["kind"] == error.kind.value
+    if refused or attempts >= max_attempts:
+        assert ingestion.next is Next.FAIL
+        assert (run.action, run.status) == (Action.FINISH, RunStatus.FAILED)
+    else:
+        assert ingestion.next is Next.REQUEUE and ingestion.spend_attempt
+        assert run.action is Action.REQUEUE and run.delay == ingestion.delay
+        assert ingestion.delay == backoff_delay(attempts, rand=lambda: r)
+
+
+def test_transient_database_errors_are_retried_and_a_check_violation_is_not() -> None:
+    for transient in ("40001", "40P01", "55P03", "08006", "57P01"):
+        assert database_error(psycopg.errors.lookup(transient)()).is_retryable, transient
+    check = database_error(psycopg.errors.CheckViolation("new row violates check constraint"))
+    assert check == RunError(
+        ErrorKind.RECORD, "Postgres rejected a value: new row violates check constraint"
+    )
+    later = after_failure(psycopg.errors.CheckViolation("no"), attempts=1, max_attempts=3)
+    assert later.next is Next.FAIL and later.error["kind"] == "record"
 
 
 @given(r=unit)

@@ -106,7 +106,8 @@ class StandaloneContext:
 class OpenAIEmbeddings:
     """``model`` and ``dimensions`` as the endpoint serves them. ``send_dimensions`` asks the
     endpoint for that length (OpenAI's text-embedding-3 models shorten on request; older models
-    and many compatible servers refuse the parameter)."""
+    and many compatible servers refuse the parameter). ``api_key`` None sends no
+    ``Authorization`` header."""
 
     def __init__(
         self,
@@ -114,7 +115,7 @@ class OpenAIEmbeddings:
         base_url: str,
         model: str,
         dimensions: int,
-        api_key: str,
+        api_key: str | None,
         send_dimensions: bool = False,
         batch_size: int = DEFAULT_BATCH,
         context: RequestContext | None = None,
@@ -124,7 +125,8 @@ class OpenAIEmbeddings:
                 f"the embeddings base URL {base_url!r} is not an http(s) URL; "
                 "give one such as https://api.openai.com/v1"
             )
-        redact.register(api_key)
+        if api_key:
+            redact.register(api_key)
         self._model = model
         self._dimensions = dimensions
         self._send_dimensions = send_dimensions
@@ -133,7 +135,7 @@ class OpenAIEmbeddings:
         self._http = HttpClient(
             context or StandaloneContext(),
             base_url=base_url.rstrip("/") + "/",
-            auth=BearerToken(api_key),
+            auth=BearerToken(api_key) if api_key else None,  # a self-hosted server may need none
             on_response=self._remember,
             classify_response=classify_openai,
         )

@@ -7,12 +7,21 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from connectors.errors import ConnectorError
+from sync import redact
 from sync.db import Pool
-from sync.documents import HashingEmbedder, SearchHit
+from sync.documents import DocumentLimits
 from sync.documents import search as search_chunks
-from sync.errors import Conflict, InvalidInput, NotFound
+from sync.documents.embedders import close_embedder, embedder_from
+from sync.errors import Conflict, EndpointFailed, InvalidInput, NotFound
 from sync.ingestions import store
-from sync.ingestions.models import Ingestion, IngestionStatus
+from sync.ingestions.job import indexed_with, model_of
+from sync.ingestions.models import (
+    Ingestion,
+    IngestionStatus,
+    OtherModel,
+    SearchResults,
+)
 from sync.settings import Settings
 
 MAX_LIMIT = 1000
@@ -106,10 +115,13 @@ class IngestionsApi:
 
     def search(
         self, query: str, workspace_id: int | None = None, *, limit: int = 10
-    ) -> list[SearchHit]:
+    ) -> SearchResults:
         """The ``limit`` chunks of the workspace's ready documents that best match ``query``,
         best first: full-text rank and vector similarity combined. Each hit names its file and
-        page."""
+        page. The query is embedded by the configured embedder (``CONNECTOR_SYNC_EMBEDDER``),
+        whose vectors are compared with its own model's chunks only: documents embedded by
+        another model are matched by their words only, and the results say so
+        (``SearchResults.notice``)."""
         workspace = self._scope_of(workspace_id)
         if workspace is None:
             raise InvalidInput("say which workspace to search")
@@ -117,8 +129,44 @@ class IngestionsApi:
             raise InvalidInput("the query is empty; give a few words to search for")
         if not 1 <= limit <= MAX_LIMIT:
             raise InvalidInput(f"limit must be between 1 and {MAX_LIMIT}")
+        embedder = embedder_from(self.settings)
+        try:
+            with self.pool.connection() as conn:
+                hits = search_chunks(conn, workspace, query, embedder, limit=limit)
+                counted = store.documents_by_settings(conn, workspace)
+        except ConnectorError as exc:
+            raise EndpointFailed(
+                f"the query could not be embedded: {redact.redact(exc.message)}"
+            ) from None
+        finally:
+            close_embedder(embedder)
+        others: dict[str, list[int]] = {}
+        for row in counted:
+            model = model_of(row["indexed_with"])
+            if model != embedder.model:
+                total = others.setdefault(model, [0, 0])
+                total[0] += row["documents"]
+                total[1] += row["chunks"]
+        return SearchResults(
+            hits=tuple(hits),
+            workspace_id=workspace,
+            model=embedder.model,
+            words_only=tuple(OtherModel(m, d, c) for m, (d, c) in others.items()),
+        )
+
+    def reindex(self, workspace_id: int | None = None) -> int:
+        """Queue an ingestion of every file of the workspace whose document was indexed with
+        another embedding model or other chunk settings than this engine's settings give (after
+        the embedder was changed); returns how many were queued. Each document leaves search
+        while it is indexed again, and comes back embedded by the configured model."""
+        workspace = self._scope_of(workspace_id)
+        if workspace is None:
+            raise InvalidInput("say which workspace to index again")
+        embedder = embedder_from(self.settings)
+        close_embedder(embedder)
+        fingerprint = indexed_with(embedder, DocumentLimits())
         with self.pool.connection() as conn:
-            return search_chunks(conn, workspace, query, HashingEmbedder(), limit=limit)
+            return store.queue_reindex(conn, workspace, fingerprint, self.settings.max_attempts)
 
     def _scope_of(self, workspace_id: int | None) -> int | None:
         if self._workspace_id is None:

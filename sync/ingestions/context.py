@@ -9,8 +9,10 @@ timed out) and by the worker's shutdown.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -57,6 +59,69 @@ class Stopper:
     def check(self) -> None:
         if self.is_set:
             self.abort.check()
+
+
+class EndpointContext:
+    """The request context of the embeddings endpoint, for the attempts of one worker stage,
+    one at a time (``serving``): a request checks, and its sleeps wake on, the abort signal of
+    the attempt being served, so a cancel, a lost lease or a shutdown stops a request or a
+    rate-limit wait; its log lines say which ingestion. The endpoint's rate limit is its own,
+    not a connection's: a reported one is remembered here, and requests wait for it (or end
+    the attempt, which is requeued until then, when it is longer than ``max_inline_wait``)."""
+
+    def __init__(self, max_inline_wait: float) -> None:
+        self._max_inline_wait = max_inline_wait
+        self._stopper: Stopper | None = None
+        self._logger: logging.LoggerAdapter[logging.Logger] = logging.LoggerAdapter(
+            logging.getLogger("sync.ingestions"), {}
+        )
+        self._blocked_until: datetime | None = None
+
+    @contextlib.contextmanager
+    def serving(
+        self, stopper: Stopper, logger: logging.LoggerAdapter[logging.Logger]
+    ) -> Iterator[None]:
+        before = self._stopper, self._logger
+        self._stopper, self._logger = stopper, logger
+        try:
+            yield
+        finally:
+            self._stopper, self._logger = before
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        return self._logger
+
+    @property
+    def max_inline_wait(self) -> float:
+        return self._max_inline_wait
+
+    def check_abort(self) -> None:
+        if self._stopper is not None:
+            self._stopper.check()
+
+    def sleep(self, seconds: float) -> None:
+        stopper = self._stopper
+        if stopper is None:
+            time.sleep(seconds)
+            return
+        stopper.abort.wait(seconds)
+        stopper.check()
+
+    def report_rate_limit(self, until: datetime, reason: str) -> None:
+        if self._blocked_until is None or until > self._blocked_until:
+            self._blocked_until = until
+        self._logger.warning("the embeddings endpoint is rate limited until %s (%s)", until, reason)
+
+    def rate_limited_until(self) -> datetime | None:
+        until = self._blocked_until
+        return until if until is not None and until > datetime.now(UTC) else None
+
+    def cached_response(self, url: str) -> CachedResponse | None:
+        return None
+
+    def store_response(self, url: str, response: CachedResponse) -> None:
+        return None
 
 
 class IngestionContext:

@@ -1,6 +1,9 @@
 """Pure decisions about an ingestion attempt that ended early: what its exception means (a
 refusal no retry can help, a file that is gone, a wait, a retryable fault) and what to do next
-(fail, end, requeue after the engine's backoff). No I/O here."""
+(fail, end, requeue after the engine's backoff). A database error means what it means for a run
+(:func:`sync.retry_policy.database_error`), and the delay is the runs' backoff. Messages are
+redacted: a secret the engine knows (an endpoint's API key) never reaches the ingestion's
+error. No I/O here."""
 
 from __future__ import annotations
 
@@ -13,11 +16,12 @@ from typing import Any
 import psycopg
 
 from connectors.errors import ConnectorError, FileGone, PermanentError, RateLimited, RetryableError
+from sync import redact
 from sync.connector_setup import ConnectorSetupError
 from sync.db import first_line
 from sync.documents import DocumentError
 from sync.documents.errors import ArchiveRefused
-from sync.retry_policy import DEFAULT_BACKOFF, DEFAULT_JITTER, backoff_delay
+from sync.retry_policy import DEFAULT_BACKOFF, DEFAULT_JITTER, backoff_delay, database_error
 
 
 class Next(StrEnum):
@@ -49,7 +53,8 @@ def classify(exc: BaseException) -> tuple[str, str, bool]:
     if isinstance(exc, PermanentError | ConnectorError):
         return exc.kind, exc.message, False
     if isinstance(exc, psycopg.Error):
-        return "database", f"database error: {first_line(exc)}", True
+        error = database_error(exc)
+        return error.kind.value, error.message, error.is_retryable
     text = first_line(exc)
     name = type(exc).__name__
     return "internal", f"unexpected error: {name}: {text}" if text != name else text, True
@@ -68,6 +73,7 @@ def after_failure(
     Retry-After without spending the attempt; another retryable fault is retried after the
     engine's backoff while attempts remain; anything else ends the ingestion."""
     kind, message, retryable = classify(exc)
+    message = redact.redact(message)
     error = {"kind": kind, "message": message}
     if kind == "file_gone":
         return Decision(Next.CANCEL, error)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from connectors.errors import Aborted, RetryableError
@@ -38,7 +39,7 @@ from sync.documents import (
 from sync.documents.store import delete_chunks_from
 from sync.errors import LeaseLost
 from sync.ingestions import store
-from sync.ingestions.context import JobLog, Stopper
+from sync.ingestions.context import EndpointContext, JobLog, Stopper
 from sync.ingestions.decisions import Next, after_failure
 from sync.ingestions.sources import FileInfo, Source, SourceGone
 from sync.lease import Lease, LeaseKeeper, Terms
@@ -56,6 +57,11 @@ def indexed_with(embedder: Embedder, limits: DocumentLimits) -> str:
     return f"{embedder.model}/chars={limits.chunk_chars}/overlap={limits.chunk_overlap}"
 
 
+def model_of(fingerprint: str) -> str:
+    """The embedding model of an :func:`indexed_with` value."""
+    return fingerprint.rsplit("/chars=", 1)[0]
+
+
 class DocumentJob:
     """Runs claimed document ingestions, one at a time."""
 
@@ -68,6 +74,7 @@ class DocumentJob:
         keeper: LeaseKeeper,
         worker_id: str,
         embedder: Embedder,
+        endpoint: EndpointContext,
         limits: DocumentLimits,
         stopping: Callable[[], bool],
     ) -> None:
@@ -77,6 +84,7 @@ class DocumentJob:
         self._keeper = keeper
         self._worker_id = worker_id
         self.embedder = embedder
+        self._endpoint = endpoint
         self.limits = limits
         self._stopping = stopping
 
@@ -115,7 +123,8 @@ class DocumentJob:
             job["max_attempts"],
         )
         try:
-            return self._attempt(job, lease, source, stopper, logger)
+            with self._endpoint.serving(stopper, logger):
+                return self._attempt(job, lease, source, stopper, logger)
         except Exception as exc:
             return self._after(job, lease, exc, abort, logger)
         finally:
@@ -201,6 +210,7 @@ class DocumentJob:
                 media_type=media.value,
                 scope=info.scope,
                 content_sha256=spooled.sha256,
+                indexed_with=indexed_with(self.embedder, self.limits),
                 total_units=total,
                 results=pages,
             )
@@ -244,6 +254,7 @@ class DocumentJob:
         extraction = Extraction(spooled.path, media, self.limits, name=info.name)
         made = itertools.islice(chunks(extraction, self.limits, name=info.name), start, None)
         size = self._settings.ingestion_batch_size
+        length = timedelta(seconds=self._settings.lease_seconds)
         processed = start
         with self._pool.connection() as conn:
             while True:
@@ -255,7 +266,7 @@ class DocumentJob:
                 logger.info("embedded chunks %d-%d of %d", batch[0].index, batch[-1].index, total)
                 with conn.transaction():
                     store.commit_asynchronously(conn)
-                    cancel = store.record_batch(conn, lease, processed + len(batch))
+                    cancel = store.record_batch(conn, lease, processed + len(batch), length)
                     if cancel is None:
                         raise LeaseLost()
                     if cancel:  # rolled back with this transaction: not a chunk more

@@ -1,13 +1,16 @@
 """What the Python API returns about ingestions: a plain frozen record of one ingestion (never
-the credentials of its connection), its statuses and its kinds."""
+the credentials of its connection), its statuses and its kinds; and a search's results."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Self
+from typing import Any, Self, overload
 from uuid import UUID
+
+from sync.documents import SearchHit
 
 
 class IngestionStatus(StrEnum):
@@ -68,6 +71,8 @@ class Ingestion:
     total_units: int | None
     results: dict[str, Any]
     error: dict[str, Any] | None
+    # The embedding model and chunk settings of its chunks (set when an attempt begins them).
+    indexed_with: str | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:
@@ -113,3 +118,53 @@ class Ingestion:
                 value = value.value
             out[f.name] = value
         return out
+
+
+@dataclass(frozen=True)
+class OtherModel:
+    """Ready documents of a workspace whose chunks another embedding model made."""
+
+    model: str
+    documents: int
+    chunks: int
+
+
+@dataclass(frozen=True)
+class SearchResults(Sequence[SearchHit]):
+    """The hits of a search, best first (a sequence of :class:`SearchHit`), and what it could
+    not do: the documents embedded by another model than the configured one (``words_only``),
+    which it matched by their words only, since vectors of two models are never compared."""
+
+    hits: tuple[SearchHit, ...]
+    workspace_id: int
+    model: str  # the configured embedder's, the only one compared by vector
+    words_only: tuple[OtherModel, ...] = ()
+
+    @overload
+    def __getitem__(self, index: int) -> SearchHit: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[SearchHit]: ...
+
+    def __getitem__(self, index: int | slice) -> SearchHit | Sequence[SearchHit]:
+        return self.hits[index]
+
+    def __len__(self) -> int:
+        return len(self.hits)
+
+    def __iter__(self) -> Iterator[SearchHit]:
+        return iter(self.hits)
+
+    @property
+    def notice(self) -> str | None:
+        """One line about the documents matched by their words only, or None."""
+        if not self.words_only:
+            return None
+        documents = sum(m.documents for m in self.words_only)
+        chunks = sum(m.chunks for m in self.words_only)
+        models = " and ".join(m.model for m in self.words_only)
+        return (
+            f"{documents:,} document(s) ({chunks:,} chunks) were embedded by {models}, not "
+            f"the configured {self.model}, so they match by their words only; "
+            f"`connector-sync ingestions reindex -w {self.workspace_id}` embeds them again"
+        )

@@ -15,9 +15,11 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from sync.db import Pool
-from sync.documents import DocumentLimits, Embedder, HashingEmbedder
+from sync.documents import DocumentLimits, Embedder
+from sync.documents.embedders import close_embedder, embedder_from
 from sync.ingestions import store
 from sync.ingestions.archives import ArchiveJob
+from sync.ingestions.context import EndpointContext
 from sync.ingestions.job import DocumentJob
 from sync.lease import LeaseKeeper
 from sync.secrets import SecretBox
@@ -51,9 +53,12 @@ class IngestionStage:
         self._runs_executed = runs_executed
         self._runs_seen = runs_executed()
         self._last_look = float("-inf")
-        # The embedder of new chunks, and the caps and chunk settings (CONNECTOR_SYNC_DOCUMENTS_*).
-        self.embedder: Embedder = HashingEmbedder()
+        # The embedder of new chunks (CONNECTOR_SYNC_EMBEDDER), whose requests serve the attempt
+        # running, and the caps and chunk settings (CONNECTOR_SYNC_DOCUMENTS_*).
+        self.endpoint = EndpointContext(settings.max_inline_wait)
+        self.embedder: Embedder = embedder_from(settings, self.endpoint)
         self.limits = DocumentLimits()
+        log.info("ingestions embed with %s", self.embedder.model)
         self.executed = 0  # ingestions and expansions this stage ran
 
     def poll(self) -> bool:
@@ -92,6 +97,9 @@ class IngestionStage:
             done = True
         return done
 
+    def close(self) -> None:
+        close_embedder(self.embedder)
+
     def _documents(self) -> DocumentJob:
         return DocumentJob(
             pool=self._pool,
@@ -100,6 +108,7 @@ class IngestionStage:
             keeper=self._keeper,
             worker_id=self._worker_id,
             embedder=self.embedder,
+            endpoint=self.endpoint,
             limits=self.limits,
             stopping=self._stopping,
         )

@@ -223,11 +223,13 @@ def begin(
     media_type: str,
     scope: str | None,
     content_sha256: str,
+    indexed_with: str,
     total_units: int,
     results: dict[str, Any],
 ) -> Begun | None:
     """The attempt's first write: the document (made if need be) marked indexing, the file's
-    bytes and chunk count recorded. None: the lease is lost."""
+    bytes, the settings it is indexed with and its chunk count recorded. None: the lease is
+    lost."""
     row = _one(
         conn,
         "begin_ingestion",
@@ -237,6 +239,7 @@ def begin(
             "media_type": media_type,
             "scope": scope,
             "content_sha256": content_sha256,
+            "indexed_with": indexed_with,
             "total_units": total_units,
             "results": Jsonb(results),
         },
@@ -246,11 +249,16 @@ def begin(
     return Begun(int(row["document_id"]), int(row["processed_units"]))
 
 
-def record_batch(conn: Connection, lease: Lease, processed_units: int) -> bool | None:
-    """A batch's fence and checkpoint, first in its transaction. None: the lease is lost;
-    True: a cancel was asked for (roll the batch back and stop); False: write the batch."""
+def record_batch(
+    conn: Connection, lease: Lease, processed_units: int, length: timedelta
+) -> bool | None:
+    """A batch's fence and checkpoint, first in its transaction; it renews the lease to
+    ``length`` from now too. None: the lease is lost; True: a cancel was asked for (roll the
+    batch back and stop); False: write the batch."""
     row = _one(
-        conn, "record_ingestion_batch", {**_lease(lease), "processed_units": processed_units}
+        conn,
+        "record_ingestion_batch",
+        {**_lease(lease), "processed_units": processed_units, "lease": length},
     )
     if row is None:
         return None
@@ -464,6 +472,21 @@ def cancel(conn: Connection, ingestion_id: int, workspace_id: int | None) -> dic
     return _one(
         conn, "cancel_ingestion", {"ingestion_id": ingestion_id, "workspace_id": workspace_id}
     )
+
+
+def documents_by_settings(conn: Connection, workspace_id: int) -> list[dict[str, Any]]:
+    """The workspace's ready documents with chunks, counted by what they were indexed with."""
+    return conn.execute(_q("documents_by_settings"), {"workspace_id": workspace_id}).fetchall()
+
+
+def queue_reindex(conn: Connection, workspace_id: int, indexed_with: str, max_attempts: int) -> int:
+    """Queue the files of the workspace indexed otherwise than ``indexed_with``; how many."""
+    params = {
+        "workspace_id": workspace_id,
+        "indexed_with": indexed_with,
+        "max_attempts": max_attempts,
+    }
+    return len(conn.execute(_q("queue_reindex"), params).fetchall())
 
 
 def owner_of(row: dict[str, Any]) -> Lease:

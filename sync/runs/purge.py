@@ -9,10 +9,10 @@ from connectors.errors import Aborted
 from sync.abort import AbortReason, AbortSignal
 from sync.db import first_line
 from sync.errors import LeaseLost
-from sync.retry_policy import Action, Decider, Outcome, TableResult
+from sync.retry_policy import Action, Decider, Outcome, TableResult, database_error
 from sync.runs.log import Logger
 from sync.store import ClaimedRun, RunStore
-from sync.vocabulary import ErrorKind, RunError, RunStatus
+from sync.vocabulary import RunStatus
 
 
 def purge(
@@ -51,5 +51,4 @@ def purge(
         return decide(results, abort=reason), results, processed
     except psycopg.Error as exc:
         logger.warning("database error while purging: %s", first_line(exc))
-        error = RunError(ErrorKind.DATABASE, f"database error: {first_line(exc)}")
-        return decide(results, run_error=error), results, processed
+        return decide(results, run_error=database_error(exc)), results, processed

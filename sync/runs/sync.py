@@ -26,7 +26,14 @@ from sync.http_cache import HttpCache
 from sync.ingestions.store import queue_file_ingestions
 from sync.progress import RunProgress
 from sync.records import RecordWriter
-from sync.retry_policy import Action, Outcome, TableResult, merged, table_status
+from sync.retry_policy import (
+    Action,
+    Outcome,
+    TableResult,
+    database_error,
+    merged,
+    table_status,
+)
 from sync.runs.context import RunContext
 from sync.runs.log import Logger
 from sync.runs.outcome import Outcomes, decider
@@ -140,7 +147,7 @@ class SyncJob:
                     break
         except psycopg.Error as exc:  # deciding the complete passes
             logger.warning("database error before reading: %s", first_line(exc))
-            error = RunError(ErrorKind.DATABASE, f"database error: {first_line(exc)}")
+            error = database_error(exc)
             return decide_(totals, run_error=error), totals, attempt
         finally:
             try:
@@ -425,13 +432,11 @@ class SyncJob:
             status, error = TableStatus.FAILED, RunError.of(exc)
             if isinstance(exc, AuthError):
                 logger.warning("credentials refused: %s", exc.message)
-        elif isinstance(exc, psycopg.DataError):
-            status = TableStatus.FAILED
-            error = RunError(ErrorKind.RECORD, f"Postgres rejected a record: {first_line(exc)}")
         elif isinstance(exc, psycopg.Error):
-            logger.warning("database error in table %s: %s", table.name, first_line(exc))
-            status = TableStatus.RETRY
-            error = RunError(ErrorKind.DATABASE, f"database error: {first_line(exc)}")
+            error = database_error(exc, what="a record")
+            if error.is_retryable:
+                logger.warning("database error in table %s: %s", table.name, first_line(exc))
+            status = TableStatus.RETRY if error.is_retryable else TableStatus.FAILED
         else:
             logger.exception("connector raised an unexpected error in table %s", table.name)
             status = TableStatus.RETRY
