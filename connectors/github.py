@@ -16,7 +16,7 @@ tables are ``shifting``, and a key missing from a complete listing is confirmed 
 404 or 410 is gone, 301 moved to another repository (gone from this one), 200 still there.
 
 Pages follow the ``Link`` header; the next link is the read position a later attempt resumes
-from, and ``rel="last"`` gives the total. GitHub's rate limits are its own dialect, translated
+from, and ``rel="last"`` gives an estimate of the total (pages times the page size). GitHub's rate limits are its own dialect, translated
 here into the SDK's: a response with ``x-ratelimit-remaining: 0`` spends the shared budget until
 ``x-ratelimit-reset`` (so the next request waits, or the run waits in the queue until the reset);
 a 403 or 429 that is a rate limit (primary or secondary) is rate limited, never a permanent
@@ -204,7 +204,9 @@ class GitHubConnector(Connector[GitHubConfig]):
                 raise PermanentError(f"GET {path}: expected a JSON list, got {type(page).__name__}")
             pages = last_page(response)
             if pages is not None:
-                yield Total(pages * PER_PAGE)
+                # An upper bound (the last page may be short, and the issues listing counts
+                # pull requests too): the engine makes it exact once the listing is read.
+                yield Total(pages * PER_PAGE, estimate=True)
             if table.name == "issues":
                 # The issues endpoint lists pull requests too (with a `pull_request` key and an
                 # issue id, not the pull request's): they belong to the other table.
