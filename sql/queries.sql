@@ -855,7 +855,14 @@ WITH due AS (
 SELECT id, (SELECT count(*) FROM lifted) AS lifted FROM due;
 
 -- name: cached_response
--- The response a connection last got with an ETag from a URL, for a conditional request.
+-- The response a connection last got with an ETag from a URL, for a conditional request. The
+-- lookup marks the entry used, which keeps it from the cleaner (prune_http_cache_batch): at
+-- most once an hour, so a page that answers 304 on every sync costs no write each time.
+WITH touched AS (
+    UPDATE http_cache SET used_at = now()
+     WHERE connection_id = %(connection_id)s AND url_hash = %(url_hash)s
+       AND used_at < now() - interval '1 hour'
+)
 SELECT etag, headers, body FROM http_cache
  WHERE connection_id = %(connection_id)s AND url_hash = %(url_hash)s;
 
@@ -871,7 +878,7 @@ INSERT INTO http_cache (connection_id, url_hash, etag, headers, body)
 SELECT %(connection_id)s, %(url_hash)s, %(etag)s, %(headers)s, %(body)s FROM fence
 ON CONFLICT (connection_id, url_hash) DO UPDATE
    SET etag = EXCLUDED.etag, headers = EXCLUDED.headers, body = EXCLUDED.body,
-       stored_at = now()
+       stored_at = now(), used_at = now()
 RETURNING 1;
 
 -- name: credentials_to_rotate

@@ -112,6 +112,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Records tombstoned longer ago than this are deleted; unset keeps them.",
     )
+    http_cache_days: float = Field(
+        default=7.0,
+        ge=1,
+        description="ETag cache entries (conditional requests) nobody asked for in this long are "
+        "deleted.",
+    )
     retention_batch: int = Field(
         default=1000, ge=1, description="Rows per delete statement of the cleaner."
     )

@@ -237,17 +237,33 @@ def test_a_resync_with_nothing_changed_asks_once_per_table_and_repository_or_get
         repo.pulls = [make_pull(name, n) for n in range(200, 330)]
     conn_id = connect(sync_engine, "Hello-World", "Spoon-Knife")
     assert run_sync(sync_engine, conn_id).status == "succeeded"
+    cached = cache_entries(sync_engine, conn_id)
+    # The complete listings' pages, per repository: 3 of issues (which lists pull requests
+    # too), 2 of pull requests.
+    assert cached == 10
 
     github.requests.clear()
     spent_before = github.remaining
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded", run.error
+    # The reads of what changed since the last sync are never asked again: nothing is kept of
+    # them, so the cache does not grow with every sync.
+    assert cache_entries(sync_engine, conn_id) == cached
     issues = [(q, s) for q, s in github.requests if "/issues" in q]
     pulls = [(q, s) for q, s in github.requests if "/pulls" in q]
     assert len(issues) == 2 and all(s == 200 for _, s in issues)  # one since-read per repository
     assert len(pulls) == 4 and all(s == 304 for _, s in pulls)  # two pages each, unchanged
     assert github.remaining == spent_before - 2  # 304s cost nothing
     assert counts(run.results["pull_requests"]) == ("succeeded", 0, 260, 0)
+
+
+def cache_entries(engine: Engine, connection_id: int) -> int:
+    with engine.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(*) AS n FROM http_cache WHERE connection_id = %s", (connection_id,)
+        ).fetchone()
+    assert row is not None
+    return int(row["n"])
 
 
 def test_one_repository_answering_404_fails_only_its_slice(
