@@ -7,10 +7,11 @@ Each reference connector syncs a provider answering as its docs say (mocked with
 numbers are exact and the same on every machine): GitHub (two repositories of 250 issues and
 120 pull requests each; ``since``, ``ETag``/``If-None-Match`` and 304 honoured, as GitHub does),
 Procore (three projects of 150 RFIs, ``Total`` headers, ``filters[updated_at]`` honoured) and
-Microsoft Graph (one drive of 250 items, a delta link that answers "no changes"). The first sync
-reads everything; the second, with nothing changed, is what every scheduled sync costs. Requests
-are counted per table, with 304s apart. The script uses only the public API, so the same command
-measures any version of the engine.
+Microsoft Graph (one drive of 250 text files, a delta link that answers "no changes", and each
+file's ``/content`` a 302 to a download URL, fetched by the ingestions the sync queues but not
+counted). The first sync reads everything; the second, with nothing changed, is what every
+scheduled sync costs. Requests are counted per table, with 304s apart. The script uses only the
+public API, so the same command measures any version of the engine.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ GITHUB = "https://api.github.com"
 PROCORE = "https://api.procore.com"
 GRAPH = "https://graph.microsoft.com/v1.0"
 DRIVE = "b!drive"
+DOWNLOAD = "https://contoso.sharepoint.com/sites/Engineering/_layouts/15/download.aspx"
 
 
 def fixture(provider: str, name: str) -> Any:
@@ -170,7 +172,12 @@ def procore(router: respx.Router) -> Counted:
 
 def graph(router: respx.Router) -> Counted:
     item = fixture("msgraph", "delta_page2.json")["value"][0]
-    items = [{**item, "id": f"01ITEM{n:05d}"} for n in range(250)]
+    # Plain-text files, which the ingestions the sync queues index without a complaint.
+    text = {**item["file"], "mimeType": "text/plain"}
+    items = [
+        {**item, "id": f"01ITEM{n:05d}", "name": f"Valve schedule {n}.txt", "file": text}
+        for n in range(250)
+    ]
     start = f"{GRAPH}/drives/{DRIVE}/root/delta"
     counted = Counted(lambda _: "drive_items")
 
@@ -188,6 +195,21 @@ def graph(router: respx.Router) -> Counted:
         return counted.record(request, respond(body))
 
     router.get(start).mock(side_effect=answer)
+
+    # The files the sync queues for ingestion are fetched as Graph's docs say: /content answers
+    # 302 Found with a pre-authenticated URL on the SharePoint host, which serves the bytes.
+    # Neither is a request of the sync, so neither is counted.
+    def content(request: httpx.Request) -> httpx.Response:
+        item = request.url.path.split("/")[-2]
+        location = f"{DOWNLOAD}?UniqueId={item}&tempauth=bench"
+        return httpx.Response(302, headers={"Location": location, "Content-Length": "0"})
+
+    router.get(url__regex=rf"^{GRAPH}/drives/[^/]+/items/[^/]+/content$").mock(side_effect=content)
+    router.get(url__regex=rf"^{DOWNLOAD}").mock(
+        return_value=httpx.Response(
+            200, content=b"Valve V-101: open\n", headers={"Content-Type": "text/plain"}
+        )
+    )
     token = {"token_type": "Bearer", "expires_in": 3599, "access_token": "graph-token"}
     router.post(url__regex=r"^https://login\.microsoftonline\.com/").mock(
         return_value=respond(token)

@@ -291,6 +291,7 @@ def main() -> None:
             stopped_workers=timedelta(days=1),
             tombstones=None,
             batch=settings.retention_batch,
+            http_cache=timedelta(days=settings.http_cache_days),
         )
         round_rows, round_results = [], []
         for number in range(1, rounds + 1):

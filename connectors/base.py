@@ -96,10 +96,14 @@ class Position:
 @dataclass(frozen=True)
 class Total:
     """Yielded when the provider says how many records the table (or the partition being read)
-    holds: a ``Total`` header, GitHub's ``Link: rel="last"``, ``@odata.count``. It fills the
-    run's ``total_units`` and the progress bar."""
+    holds: a ``Total`` header, ``@odata.count``. It fills the run's ``total_units`` and the
+    progress bar."""
 
     count: int
+    estimate: bool = False
+    """The count is an estimate (GitHub's last page number times the page size is an upper
+    bound): it is shown as one ("about 200"), and once the slice is read to its end the engine
+    replaces it with the records read."""
 
 
 Item = Mapping[str, Any] | Deleted | Checkpoint | Resync | Position | Total

@@ -5,10 +5,12 @@ partition of both tables (one that answers 404 fails only its own slice).
 (``since``, ``sort=updated``, newest first) and saves, per repository, the time its read began;
 once a day (``complete_every``) the cursor is withheld and the whole repository is listed, which
 finds deletions. ``pull_requests`` (the pulls endpoint has no ``since``) is listed in full every
-sync, with conditional requests: GitHub answers an unchanged page with a 304, which costs no
-rate limit, and the stored page is reused. Its rows ignore the volatile fields of the repository
-objects every pull request embeds (``pushed_at``, ``open_issues_count``...), so a push or a new
-issue rewrites no pull request.
+sync. Its rows ignore the volatile fields of the repository objects every pull request embeds
+(``pushed_at``, ``open_issues_count``...), so a push or a new issue rewrites no pull request.
+
+Complete listings are asked for with conditional requests: GitHub answers an unchanged page with
+a 304, which costs no rate limit, and the stored page is reused. A read of what changed since a
+time names that time in its URL and is never asked again, so its response is not kept.
 
 GitHub lists by page number, so a listing shifts when an item is deleted while it is read: both
 tables are ``shifting``, and a key missing from a complete listing is confirmed with
@@ -16,11 +18,12 @@ tables are ``shifting``, and a key missing from a complete listing is confirmed 
 404 or 410 is gone, 301 moved to another repository (gone from this one), 200 still there.
 
 Pages follow the ``Link`` header; the next link is the read position a later attempt resumes
-from, and ``rel="last"`` gives the total. GitHub's rate limits are its own dialect, translated
-here into the SDK's: a response with ``x-ratelimit-remaining: 0`` spends the shared budget until
-``x-ratelimit-reset`` (so the next request waits, or the run waits in the queue until the reset);
-a 403 or 429 that is a rate limit (primary or secondary) is rate limited, never a permanent
-error.
+from, and ``rel="last"`` gives an estimate of the total (pages times the page size), which the
+engine replaces with the records read once the listing ends. GitHub's rate limits are its own
+dialect, translated here into the SDK's: a response with ``x-ratelimit-remaining: 0`` spends the
+shared budget until ``x-ratelimit-reset`` (so the next request waits, or the run waits in the
+queue until the reset); a 403 or 429 that is a rate limit (primary or secondary) is rate
+limited, never a permanent error.
 """
 
 from __future__ import annotations
@@ -196,7 +199,12 @@ class GitHubConnector(Connector[GitHubConfig]):
                 params = LIST_PARAMS
             else:
                 params = {**SINCE_PARAMS, "since": since}
-        for response in link_header_pages(self._http, url, params=params, conditional=True):
+        # What changed since a time is asked once: its URL names the time, so an ETag kept for
+        # it would never be sent again.
+        since_read = "since" in (params or httpx.URL(url).params)
+        for response in link_header_pages(
+            self._http, url, params=params, conditional=not since_read
+        ):
             if started is None:
                 started = _read_began(response)
             page = self._http.json_of(response)
@@ -204,7 +212,9 @@ class GitHubConnector(Connector[GitHubConfig]):
                 raise PermanentError(f"GET {path}: expected a JSON list, got {type(page).__name__}")
             pages = last_page(response)
             if pages is not None:
-                yield Total(pages * PER_PAGE)
+                # An upper bound (the last page may be short, and the issues listing counts
+                # pull requests too): the engine makes it exact once the listing is read.
+                yield Total(pages * PER_PAGE, estimate=True)
             if table.name == "issues":
                 # The issues endpoint lists pull requests too (with a `pull_request` key and an
                 # issue id, not the pull request's): they belong to the other table.

@@ -155,6 +155,26 @@ WITH doomed AS (
 )
 SELECT (SELECT count(*) FROM doomed) AS found, (SELECT count(*) FROM gone) AS deleted;
 
+-- name: prune_http_cache_batch
+-- Deletes one bounded batch of ETag cache entries nobody asked for in `older_than`, the least
+-- recently used first (http_cache_unused): responses to URLs that are never asked again (a
+-- listing whose query changes with every sync, a repository no longer synced). Invariant: the
+-- DELETE re-checks used_at on the row, so an entry a sync looked up or stored meanwhile stays.
+-- An entry deleted too early costs one full response instead of a 304, nothing more.
+WITH doomed AS (
+    SELECT ctid AS row FROM http_cache
+     WHERE used_at < now() - %(older_than)s::interval
+     ORDER BY used_at
+     LIMIT %(limit)s
+), gone AS (
+    -- By tuple id (a Tid Scan): the batch costs its own rows, however large the cache is.
+    DELETE FROM http_cache c
+     WHERE %(delete)s AND c.ctid = ANY (ARRAY(SELECT row FROM doomed))
+       AND c.used_at < now() - %(older_than)s::interval
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM doomed) AS found, (SELECT count(*) FROM gone) AS deleted;
+
 -- name: prune_jobs_batch
 -- Deletes one bounded batch of finished application jobs (completed, dead, cancelled) that
 -- finished longer ago than the retention of the queue they are in, oldest first per queue

@@ -380,9 +380,10 @@ WITH async AS (
     RETURNING 1
 ), checkpoint AS (
     INSERT INTO run_checkpoints AS c (run_id, table_name, partition, position, done, resync,
-                                      pages, records, total, seen, first_attempt)
+                                      pages, records, total, total_estimated, seen,
+                                      first_attempt)
     SELECT %(run_id)s, %(table_name)s, %(slice)s, %(position)s, %(done)s, %(resync)s,
-           %(pages)s, cardinality(%(external_ids)b::text[]), %(total)s,
+           %(pages)s, cardinality(%(external_ids)b::text[]), %(total)s, %(total_estimated)s,
            (SELECT count(*) FROM seen),
            (SELECT a.id FROM run_attempts a WHERE a.lease_owner = %(lease_owner)s)
       FROM fence
@@ -390,6 +391,8 @@ WITH async AS (
        SET position = EXCLUDED.position, done = EXCLUDED.done,
            resync = c.resync OR EXCLUDED.resync, pages = EXCLUDED.pages,
            records = c.records + EXCLUDED.records, total = coalesce(EXCLUDED.total, c.total),
+           total_estimated = CASE WHEN EXCLUDED.total IS NULL THEN c.total_estimated
+                                  ELSE EXCLUDED.total_estimated END,
            seen = c.seen + EXCLUDED.seen, updated_at = now()
     RETURNING 1
 )
@@ -412,15 +415,18 @@ WITH async AS (
     RETURNING id
 ), checkpoint AS (
     INSERT INTO run_checkpoints AS c (run_id, table_name, partition, position, done, resync,
-                                      pages, total, first_attempt)
+                                      pages, total, total_estimated, first_attempt)
     SELECT %(run_id)s, %(table_name)s, %(slice)s, %(position)s, %(done)s, %(resync)s,
-           %(pages)s, %(total)s,
+           %(pages)s, %(total)s, %(total_estimated)s,
            (SELECT a.id FROM run_attempts a WHERE a.lease_owner = %(lease_owner)s)
       FROM fence
     ON CONFLICT (run_id, table_name, partition) DO UPDATE
        SET position = EXCLUDED.position, done = EXCLUDED.done,
            resync = c.resync OR EXCLUDED.resync, pages = EXCLUDED.pages,
-           total = coalesce(EXCLUDED.total, c.total), updated_at = now()
+           total = coalesce(EXCLUDED.total, c.total),
+           total_estimated = CASE WHEN EXCLUDED.total IS NULL THEN c.total_estimated
+                                  ELSE EXCLUDED.total_estimated END,
+           updated_at = now()
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM async) AS async,
@@ -429,7 +435,8 @@ SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM async) AS a
 -- name: run_checkpoints
 -- Where an earlier attempt of this run left each slice of its tables. Read when an attempt
 -- starts on a run that has written before (processed_units > 0).
-SELECT table_name, partition, position, done, resync, pages, records, total, seen
+SELECT table_name, partition, position, done, resync, pages, records, total, total_estimated,
+       seen
   FROM run_checkpoints WHERE run_id = %(run_id)s;
 
 -- name: check_seen_keys
@@ -534,17 +541,27 @@ SELECT * FROM unseen_rows_v2(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(t
                              %(partitions)s, %(after)s, %(limit)s);
 
 -- name: complete_table
--- The end of a table's tombstone pass: stamps last_full_sync_at when every partition was read
--- completely, and drops the table's seen keys, which nothing reads any more. Fenced.
+-- The end of a table's tombstone pass: stamps each partition read completely in this run (in
+-- complete_passes, so a partition that keeps failing holds back no other's periodic complete
+-- pass), and last_full_sync_at when every partition was; drops the table's seen keys, which
+-- nothing reads any more. Fenced.
 WITH fence AS (
     SELECT id FROM connection_runs
      WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
+), passes AS (
+    SELECT coalesce(jsonb_object_agg(p, now()), '{}') AS read_whole
+      FROM unnest(%(partitions)s::text[]) p
 ), stamped AS (
-    INSERT INTO table_state (connection_id, table_name, last_full_sync_at)
-    SELECT %(connection_id)s, %(table_name)s, now() FROM fence WHERE %(stamp)s
+    INSERT INTO table_state AS s (connection_id, table_name, last_full_sync_at, complete_passes)
+    SELECT %(connection_id)s, %(table_name)s, CASE WHEN %(stamp)s THEN now() END,
+           passes.read_whole
+      FROM fence, passes
+     WHERE %(stamp)s OR cardinality(%(partitions)s::text[]) > 0
     ON CONFLICT (connection_id, table_name) DO UPDATE
-       SET last_full_sync_at = now(), updated_at = now()
+       SET last_full_sync_at = coalesce(EXCLUDED.last_full_sync_at, s.last_full_sync_at),
+           complete_passes = coalesce(s.complete_passes, '{}') || EXCLUDED.complete_passes,
+           updated_at = now()
     RETURNING 1
 ), keys AS (
     DELETE FROM run_seen_keys
@@ -838,7 +855,14 @@ WITH due AS (
 SELECT id, (SELECT count(*) FROM lifted) AS lifted FROM due;
 
 -- name: cached_response
--- The response a connection last got with an ETag from a URL, for a conditional request.
+-- The response a connection last got with an ETag from a URL, for a conditional request. The
+-- lookup marks the entry used, which keeps it from the cleaner (prune_http_cache_batch): at
+-- most once an hour, so a page that answers 304 on every sync costs no write each time.
+WITH touched AS (
+    UPDATE http_cache SET used_at = now()
+     WHERE connection_id = %(connection_id)s AND url_hash = %(url_hash)s
+       AND used_at < now() - interval '1 hour'
+)
 SELECT etag, headers, body FROM http_cache
  WHERE connection_id = %(connection_id)s AND url_hash = %(url_hash)s;
 
@@ -854,7 +878,7 @@ INSERT INTO http_cache (connection_id, url_hash, etag, headers, body)
 SELECT %(connection_id)s, %(url_hash)s, %(etag)s, %(headers)s, %(body)s FROM fence
 ON CONFLICT (connection_id, url_hash) DO UPDATE
    SET etag = EXCLUDED.etag, headers = EXCLUDED.headers, body = EXCLUDED.body,
-       stored_at = now()
+       stored_at = now(), used_at = now()
 RETURNING 1;
 
 -- name: credentials_to_rotate
@@ -990,7 +1014,10 @@ SELECT (SELECT coalesce(jsonb_agg(to_jsonb(live)), '[]') FROM live) AS live,
            AS app_queues;
 
 -- name: last_complete_passes
--- When each table of a connection was last read completely (and tombstoned), to decide whether
--- an incremental table with a periodic complete pass is due one.
-SELECT table_name, last_full_sync_at FROM table_state
- WHERE connection_id = %(connection_id)s AND last_full_sync_at IS NOT NULL;
+-- When each table of a connection, and each partition of it, was last read completely (and
+-- tombstoned), to decide which slices of an incremental table with a periodic complete pass are
+-- due one.
+SELECT table_name, last_full_sync_at, coalesce(complete_passes, '{}') AS complete_passes
+  FROM table_state
+ WHERE connection_id = %(connection_id)s
+   AND (last_full_sync_at IS NOT NULL OR complete_passes IS NOT NULL);

@@ -27,6 +27,7 @@ class SliceCheckpoint:
     pages: int
     records: int
     total: int | None
+    total_estimated: bool  # the total is the provider's estimate
     seen: int  # keys put in run_seen_keys
 
 
@@ -44,6 +45,7 @@ class RunCheckpoints:
                 pages=row.pages,
                 records=row.records,
                 total=row.total,
+                total_estimated=row.total_estimated,
                 seen=row.seen,
             )
 
@@ -74,5 +76,6 @@ class RunCheckpoints:
             pages=previous.pages if previous else 0,
             records=previous.records if previous else 0,
             total=previous.total if previous else None,
+            total_estimated=previous.total_estimated if previous else False,
             seen=previous.seen if previous else 0,
         )

@@ -244,6 +244,8 @@ def follow_run(
             if run.status == RunStatus.RUNNING and at.get("total"):
                 done, of = at.get("records", 0), at["total"]
                 unit = f"{at['table']} records"
+                if at.get("total_estimated"):
+                    unit += " (total estimated)"
             else:
                 done, of = tables_done(run), table_count(run.provider)
                 unit = f"tables · {run.processed_units} records read"

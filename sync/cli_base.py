@@ -12,10 +12,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
@@ -257,24 +256,6 @@ def open_engine(
 
 
 # -- input parsing (pure) ----------------------------------------------------------------------
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str) -> timedelta:
-    """``15m``, ``1h``, ``1h30m``, ``45s``, ``1d`` (a bare number is seconds)."""
-    value = text.strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", value):
-        seconds = float(value)
-    else:
-        parts = _DURATION.findall(value)
-        if not parts or _DURATION.sub("", value).strip():
-            raise ValueError(f"{text!r} is not a duration; write it like 30s, 15m, 1h or 1h30m")
-        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
-    if seconds <= 0:
-        raise ValueError(f"{text!r} is not a positive duration")
-    return timedelta(seconds=seconds)
 
 
 def parse_json_object(value: str, option: str, *, secret: bool = False) -> dict[str, Any]:

@@ -387,6 +387,7 @@ def prune_rows(report: PruneReport) -> list[list[Cell]]:
         Kind.SEEN_KEYS: "of runs neither queued nor running",
         Kind.WORKERS: f"stopped, or silent, for over {_days(rules.stopped_workers)}",
         Kind.RATE_BUDGETS: "blocks that have ended",
+        Kind.HTTP_CACHE: f"ETag cache entries unused for {_days(rules.http_cache)}",
         Kind.JOBS: "completed, dead or cancelled longer ago than their queue's retention",
         Kind.JOB_ATTEMPTS: "of those jobs",
         Kind.INGESTIONS: f"finished over {_days(rules.history)} ago",

@@ -20,10 +20,10 @@ from sync.cli_base import (
     fail,
     guarded,
     open_engine,
-    parse_duration,
     stdout,
 )
 from sync.console import Cell, Col, details, fitted_table, format_duration, styled, when
+from sync.durations import parse_duration
 from sync.queues import Job, JobAttempt, JobStatus, QueuePolicy, QueueSpec, queue_spec
 
 queues_app = command_group("Application queues: declared queues and their figures.")

@@ -22,7 +22,6 @@ from sync.cli_base import (
     fail,
     guarded,
     open_engine,
-    parse_duration,
     parse_json_object,
     runs_table,
     stdout,
@@ -38,6 +37,7 @@ from sync.console import (
     styled,
     when,
 )
+from sync.durations import parse_duration
 from sync.models import Connection
 from sync.vocabulary import ConnectionStatus, RunStatus
 

@@ -150,6 +150,17 @@ def prune_tombstones(
     )
 
 
+def prune_http_cache(
+    conn: Connection, *, older_than: timedelta, limit: int | None, delete: bool
+) -> Batch:
+    """ETag cache entries nobody asked for in ``older_than``."""
+    return _batch(
+        conn,
+        MAINTENANCE.prune_http_cache_batch,
+        {"older_than": older_than, "limit": limit, "delete": delete},
+    )
+
+
 @dataclass(frozen=True)
 class JobsBatch:
     found: int  # finished jobs past their queue's retention this batch met

@@ -23,12 +23,16 @@ class RunProgress:
         self._partition: str | None = None
         self._page = 0
         self._read: dict[str, int] = {}
-        # Per table, per slice: the totals the provider gave.
+        # Per table, per slice: the totals the provider gave, and which of them are estimates.
         self._totals: dict[str, dict[str, int]] = {}
+        self._estimated: dict[str, set[str]] = {}
         for name in self._tables:
             slices = self._checkpoints.of(name)
             self._read[name] = sum(s.records for s in slices.values())
             self._totals[name] = {p: s.total for p, s in slices.items() if s.total is not None}
+            self._estimated[name] = {
+                p for p, s in slices.items() if s.total is not None and s.total_estimated
+            }
 
     def begin_table(self, table: str) -> None:
         self._table = table
@@ -43,6 +47,7 @@ class RunProgress:
         """The table is read again from its start."""
         self._read[table] = 0
         self._totals[table] = {}
+        self._estimated[table] = set()
 
     def page(self, number: int) -> None:
         self._page = number
@@ -50,19 +55,29 @@ class RunProgress:
     def read(self, records: int) -> None:
         self._read[self._table] = self._read.get(self._table, 0) + records
 
-    def slice_total(self, total: int) -> None:
-        self._totals.setdefault(self._table, {})[self._partition or ""] = total
+    def slice_total(self, total: int, *, estimated: bool = False) -> None:
+        key = self._partition or ""
+        self._totals.setdefault(self._table, {})[key] = total
+        estimates = self._estimated.setdefault(self._table, set())
+        if estimated:
+            estimates.add(key)
+        else:
+            estimates.discard(key)
 
     def table_total(self, table: str) -> int | None:
         totals = self._totals.get(table)
         return sum(totals.values()) if totals else None
+
+    def table_total_estimated(self, table: str) -> bool:
+        """Whether the table's total adds up an estimate of some slice."""
+        return bool(self._estimated.get(table))
 
     def run_total(self) -> int | None:
         known = [t for t in (self.table_total(name) for name in self._tables) if t is not None]
         return sum(known) if known else None
 
     def describe(self) -> dict[str, Any]:
-        return {
+        where = {
             "table": self._table,
             "table_index": self._tables.index(self._table) + 1
             if self._table in self._tables
@@ -73,6 +88,9 @@ class RunProgress:
             "records": self._read.get(self._table, 0),
             "total": self.table_total(self._table),
         }
+        if self.table_total_estimated(self._table):
+            where["total_estimated"] = True
+        return where
 
     def snapshot(self) -> dict[str, Any]:
         """The statement parameters that carry the progress to the run row."""
@@ -81,7 +99,7 @@ class RunProgress:
 
 def describe(progress: Mapping[str, Any] | None) -> str:
     """The progress of a running run in words (pure): "table 2 of 3 (issues, octocat/hello),
-    page 7, 700 of 2,000 records"."""
+    page 7, 700 of 2,000 records" ("of about 2,000" when the provider's total is an estimate)."""
     if not progress or not progress.get("table"):
         return ""
     where = progress["table"]
@@ -92,5 +110,9 @@ def describe(progress: Mapping[str, Any] | None) -> str:
         text += f", page {progress['page']}"
     records = int(progress.get("records") or 0)
     total = progress.get("total")
-    text += f", {records:,} of {int(total):,} records" if total else f", {records:,} records"
+    if total:
+        about = "about " if progress.get("total_estimated") else ""
+        text += f", {records:,} of {about}{int(total):,} records"
+    else:
+        text += f", {records:,} records"
     return text

@@ -182,6 +182,9 @@ class RecordWriter:
         self._positioned = False
         self._pages = checkpoint.pages if checkpoint else 0
         self._total = checkpoint.total if checkpoint else None
+        self._total_estimated = checkpoint.total_estimated if checkpoint else False
+        # Records of the slice written by this run (earlier attempts too), for its exact size.
+        self._slice_records = checkpoint.records if checkpoint else 0
         # Tombstone unseen rows at the end: always for a full table; for an incremental one
         # once the provider asked for a resync (in this attempt or an earlier one).
         self._full = self._table.mode is Mode.FULL or bool(checkpoint and checkpoint.resync)
@@ -204,8 +207,8 @@ class RecordWriter:
             if len(self._records) >= self._batch_size:
                 self.flush(background=True)
         elif isinstance(item, Total):
-            self._total = int(item.count)
-            self._progress.slice_total(self._total)
+            self._total, self._total_estimated = int(item.count), item.estimate
+            self._progress.slice_total(self._total, estimated=item.estimate)
         elif isinstance(item, Deleted):
             self._add_deletion(str(item.external_id))
         elif isinstance(item, Checkpoint):
@@ -267,9 +270,14 @@ class RecordWriter:
             self._deletions.clear()
         if not background:
             self._in_flight.wait()
+        if done and self._total_estimated:
+            # Read to its end, the slice held what was read: its total is no longer a guess.
+            self._total, self._total_estimated = self._slice_records + len(self._records), False
+            self._progress.slice_total(self._total, estimated=False)
         checkpoint = self._checkpoint(done)
         if self._records:
             keys = list(self._records)
+            self._slice_records += len(keys)
             datas = [self._records[k][0] for k in keys]
             hashes = [self._records[k][1] for k in keys]
             self._records.clear()
@@ -315,6 +323,7 @@ class RecordWriter:
             resync=self._full,
             pages=self._pages,
             total=self._total,
+            total_estimated=self._total_estimated,
         )
 
     def _write_batch(

@@ -35,6 +35,7 @@ class TableResult:
     error: RunError | None = None
     total: int | None = None  # as many records as the provider said there are
     partitions: dict[str, TableResult] | None = None
+    total_estimated: bool = False  # the total adds up an estimate (of a slice not read whole)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -46,6 +47,8 @@ class TableResult:
         }
         if self.total is not None:
             out["total"] = self.total
+            if self.total_estimated:
+                out["total_estimated"] = True
         if self.partitions is not None:
             out["partitions"] = {name: p.to_json() for name, p in self.partitions.items()}
         return out
@@ -60,6 +63,7 @@ class TableResult:
             tombstoned=int(data.get("tombstoned", 0)),
             error=RunError.parse(data.get("error")),
             total=data.get("total"),
+            total_estimated=bool(data.get("total_estimated", False)),
             partitions=(
                 {name: cls.from_json(p) for name, p in partitions.items()}
                 if isinstance(partitions, Mapping)
@@ -91,6 +95,9 @@ def merged(before: TableResult | None, attempt: TableResult) -> TableResult:
         error=attempt.error,
         total=attempt.total if attempt.total is not None else before.total,
         partitions=partitions,
+        total_estimated=(
+            attempt.total_estimated if attempt.total is not None else before.total_estimated
+        ),
     )
 
 

@@ -5,14 +5,20 @@ docs/operations.md."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import platformdirs
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from sync.durations import parse_duration
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# A provider's table, as `complete_every` names it: github.issues, procore.rfis.
+_TABLE = re.compile(r"^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$")
+_COMPLETE_EVERY = "write PROVIDER.TABLE=DURATION[,...], such as github.issues=12h,procore.rfis=2d"
 
 
 def default_home() -> Path:
@@ -106,6 +112,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Records tombstoned longer ago than this are deleted; unset keeps them.",
     )
+    http_cache_days: float = Field(
+        default=7.0,
+        ge=1,
+        description="ETag cache entries (conditional requests) nobody asked for in this long are "
+        "deleted.",
+    )
     retention_batch: int = Field(
         default=1000, ge=1, description="Rows per delete statement of the cleaner."
     )
@@ -138,6 +150,13 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds from a run's start past which it stops waiting for rate limits "
         "and ends failed.",
+    )
+
+    complete_every: Annotated[dict[str, timedelta], NoDecode] = Field(
+        default_factory=dict,
+        description="How often an incremental table is read completely (to find deletions), "
+        "per provider and table, overriding the connector's own interval: "
+        "`github.issues=12h,procore.rfis=2d`.",
     )
 
     metrics_timeout: float = Field(
@@ -236,6 +255,44 @@ class Settings(BaseSettings):
         if not _IDENTIFIER.match(value):
             raise ValueError("must be a lower-case SQL identifier such as `sync`")
         return value
+
+    @field_validator("complete_every", mode="before")
+    @classmethod
+    def _parse_complete_every(cls, value: Any) -> Any:
+        """``PROVIDER.TABLE=DURATION,...`` as it comes from the environment; a mapping (from
+        Python) is validated as it is."""
+        if not isinstance(value, str):
+            return value
+        found: dict[str, Any] = {}
+        for item in value.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            name, sep, every = (part.strip() for part in item.partition("="))
+            if not sep or not _TABLE.match(name):
+                raise ValueError(f"{item!r} is not PROVIDER.TABLE=DURATION; {_COMPLETE_EVERY}")
+            if name in found:
+                raise ValueError(f"{name!r} is given twice; give each table once")
+            try:
+                found[name] = parse_duration(every)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+        return found
+
+    @field_validator("complete_every")
+    @classmethod
+    def _complete_every_is_positive(cls, value: dict[str, timedelta]) -> dict[str, timedelta]:
+        for name, every in value.items():
+            if every <= timedelta(0):
+                raise ValueError(f"the interval of {name!r} must be longer than zero")
+        return value
+
+    def complete_every_of(
+        self, provider: str, table: str, default: timedelta | None
+    ) -> timedelta | None:
+        """How often ``provider``'s incremental ``table`` is read completely: the operator's
+        setting, else the connector's own ``default``."""
+        return self.complete_every.get(f"{provider}.{table}", default)
 
     @property
     def renew_interval(self) -> float:

@@ -54,15 +54,20 @@ class TombstonePass:
         self._abort = abort
         self._step = step
 
-    def run(self, partitions: list[str] | None, *, confirm: Confirm | None) -> dict[str, int]:
-        """Tombstone the unseen rows of ``partitions`` (None: of the whole table, which also
-        stamps its complete pass). Returns the rows tombstoned per partition ('' for a table
-        read whole)."""
+    def run(
+        self, whole: list[str], *, every_partition: bool, confirm: Confirm | None
+    ) -> dict[str, int]:
+        """Tombstone the unseen rows of the slices read whole (``whole``: partitions, or ['']
+        for a table read whole), and stamp their complete passes. When ``every_partition`` was
+        read whole the pass covers the whole table (rows of partitions no longer listed too),
+        and stamps the table's complete pass. Returns the rows tombstoned per partition (''
+        for a table read whole)."""
+        partitions = None if every_partition else whole
         if self._table.shifting:
             gone = self._confirmed(partitions, confirm)
         else:
             gone = self._unconfirmed(partitions)
-        self._writes.complete_table(stamp=partitions is None)
+        self._writes.complete_table(stamp=every_partition, partitions=[p for p in whole if p])
         return gone
 
     def _unconfirmed(self, partitions: list[str] | None) -> dict[str, int]:

@@ -16,14 +16,17 @@ from typing import Any
 
 import psycopg
 import pytest
+from pydantic import ValidationError
 
 import connectors
 from connectors.simulated.server import Simulation, start_server
 from sync.catalog import describe_provider
 from sync.cli import describe_progress
-from sync.cli_base import parse_duration, parse_json_object
+from sync.cli_base import parse_json_object
 from sync.console import format_duration
+from sync.durations import parse_duration
 from sync.models import Run
+from sync.settings import Settings
 from tests.conftest import DATABASE_URL
 
 SCRIPT = Path(sys.executable).parent / "connector-sync"
@@ -455,6 +458,40 @@ def test_parse_duration(text: str, seconds: float) -> None:
 def test_parse_duration_refuses(text: str) -> None:
     with pytest.raises(ValueError):
         parse_duration(text)
+
+
+def test_complete_every_is_parsed_per_provider_and_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CONNECTOR_SYNC_COMPLETE_EVERY", "github.issues=12h, procore.rfis=2d")
+    settings = Settings()
+    assert settings.complete_every == {
+        "github.issues": timedelta(hours=12),
+        "procore.rfis": timedelta(days=2),
+    }
+    assert settings.complete_every_of("github", "issues", timedelta(days=1)) == timedelta(hours=12)
+    assert settings.complete_every_of("msgraph", "drive_items", None) is None  # the connector's
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("github.issues", "is not PROVIDER.TABLE=DURATION"),
+        ("issues=12h", "is not PROVIDER.TABLE=DURATION"),
+        ("github.issues=soon", "github.issues: 'soon' is not a duration"),
+        ("github.issues=0s", "github.issues: '0s' is not a positive duration"),
+        ("github.issues=1h,github.issues=2h", "'github.issues' is given twice"),
+    ],
+)
+def test_a_bad_complete_every_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, text: str, says: str
+) -> None:
+    monkeypatch.setenv("CONNECTOR_SYNC_COMPLETE_EVERY", text)
+    with pytest.raises(ValidationError) as caught:
+        Settings()
+    (error,) = caught.value.errors()
+    assert error["loc"] == ("complete_every",)
+    assert says in error["msg"] and "\n" not in error["msg"]
 
 
 def test_format_duration() -> None:

@@ -1,6 +1,7 @@
 """Resumable syncs: a table larger than one rate window finishes in one run, waiting without
-spending attempts; an attempt that ends mid-table (a failure, a killed worker) is resumed by the
-next at its last committed page; seen keys lost to a crash restart of Postgres never turn into
+spending attempts; an attempt that ends mid-table (a failure, a killed worker, a worker told to
+stop, which hands the run back without spending an attempt) is resumed by the next at its last
+committed page; seen keys lost to a crash restart of Postgres never turn into
 tombstones; a run that waited past its deadline fails saying so; each attempt keeps its own
 counts."""
 
@@ -169,6 +170,58 @@ def test_a_worker_killed_mid_table_is_resumed_where_it_stopped(
         for table in ("projects", "issues"):
             assert stored(engine, killed_id, table) == stored(engine, calm_id, table)
         assert any(gone for _, gone in stored(engine, killed_id, "issues").values())
+
+
+def test_a_run_handed_back_at_shutdown_resumes_mid_table_without_spending_an_attempt(
+    sync_engine: Engine, server: str, simulation: Simulation
+) -> None:
+    # 30 projects and 300 issues, ten a page; each page's batch commits with its position.
+    big = simulation.add_tenant("big", size=300, seed=5)
+    conn_id = tracker(sync_engine, server, "big")
+    sync_engine.settings.batch_size = 10
+    upstream = {t: {str(r["id"]): (r, False) for r in big.rows(t)} for t in ("projects", "issues")}
+
+    # The worker is told to stop (what its SIGTERM handler does) while it asks for page 12 of
+    # the issues: the run goes back to the queue.
+    run = sync_engine.sync(conn_id)
+    stopping = sync_engine.worker(listen=False)
+    big.on_change("issues", lambda page, size: stopping.stop() if page == 12 else None)
+    assert stopping.poll()
+    stopping.close()
+    big.on_change("issues", None)
+    back = sync_engine.run(run.id)
+    assert back.status == "queued" and back.attempts == 0, back  # no attempt spent
+    assert [a.outcome for a in sync_engine.attempts(run.id)] == ["handed_back"]
+    with sync_engine.pool.connection() as conn:
+        saved = conn.execute(
+            "SELECT position FROM run_checkpoints WHERE run_id = %s AND table_name = 'issues'",
+            (run.id,),
+        ).fetchone()
+    assert saved is not None and saved["position"] is not None
+    resume_at = _pages([saved["position"]["next"].split("/")[-1]])[0]
+    assert resume_at >= 11
+
+    # The next worker resumes the issues at the last committed page.
+    big.log.clear()
+    assert sync_engine.worker(listen=False).poll()
+    done = sync_engine.run(run.id)
+    assert done.status == "succeeded" and done.attempts == 1, done.error
+    assert [a.outcome for a in sync_engine.attempts(run.id)] == ["handed_back", "succeeded"]
+    after = _pages(big.log)
+    assert after[0] == resume_at and len([p for p in after if p < resume_at]) <= 1
+    assert not any(entry.startswith("projects?") for entry in big.log)  # settled before
+
+    # Counted once: the run's totals are an uninterrupted sync's, and each attempt counts
+    # only what it did.
+    assert done.processed_units == 330
+    assert done.results["projects"]["upserted"] == 30
+    assert done.results["issues"]["upserted"] == 300
+    first, second = sync_engine.attempts(run.id)
+    assert first.results["issues"]["upserted"] == (resume_at - 1) * 10  # the pages committed
+    for table in ("projects", "issues"):
+        mine = [a.results[table]["upserted"] for a in (first, second) if table in a.results]
+        assert sum(mine) == done.results[table]["upserted"], (table, mine)
+        assert stored(sync_engine, conn_id, table) == upstream[table]
 
 
 def _pages(log: list[str]) -> list[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from sync import Engine
 from sync.cli import main
 from sync.queries import QUERIES
 from sync.services import Kind
+from sync.store import RunStore
 from tests.conftest import DATABASE_URL, make_settings
 from tests.waiting import wait_until_blocked
 
@@ -145,6 +147,14 @@ def history(engine: Engine, admin: Any) -> dict[str, Any]:
         "now() - age FROM (VALUES ('gone-100-days', interval '100 days'), "
         "('gone-1-day', interval '1 day'), ('live', NULL)) AS r(id, age)"
     )
+    # The ETag cache: an entry nobody asked for in 8 days goes (7 by default); one asked for an
+    # hour ago stays, however long ago it was stored.
+    admin.execute(
+        "INSERT INTO http_cache (connection_id, url_hash, etag, headers, body, stored_at, "
+        "used_at) VALUES "
+        "(1, 'unused', '\"a\"', '{}', '', now() - interval '8 days', now() - interval '8 days'), "
+        "(1, 'asked', '\"b\"', '{}', '', now() - interval '30 days', now() - interval '1 hour')"
+    )
     return h
 
 
@@ -168,6 +178,7 @@ def test_prune_deletes_exactly_what_the_rules_say(
         Kind.SEEN_KEYS: 5,
         Kind.WORKERS: 2,
         Kind.RATE_BUDGETS: 1,
+        Kind.HTTP_CACHE: 1,
         Kind.JOBS: 0,
         Kind.JOB_ATTEMPTS: 0,
         Kind.INGESTIONS: 0,
@@ -188,6 +199,7 @@ def test_prune_deletes_exactly_what_the_rules_say(
     assert {(r["run_id"], r["n"]) for r in seen} == history["seen_kept"]
     assert ids(admin, "SELECT id FROM workers") == {"stopped-2-hours", "alive"}
     assert ids(admin, "SELECT key FROM rate_budgets") == {"blocked"}
+    assert ids(admin, "SELECT convert_from(url_hash, 'UTF8') FROM http_cache") == {"asked"}
     # tombstone_days is unset: every tombstone is kept.
     assert ids(admin, "SELECT external_id FROM records") == {"gone-100-days", "gone-1-day", "live"}
 
@@ -219,17 +231,51 @@ def test_a_pass_deletes_in_bounded_batches_and_walks_each_run_once(
         "finished_at) SELECT 1 + g % 3, 1, 'memory', 'succeeded', now() - interval '40 days', "
         "now() - interval '40 days' + g * interval '1 second' FROM generate_series(1, 90) g"
     )
+    # And 20 ETag cache entries nobody asked for in 30 days.
+    admin.execute(
+        "INSERT INTO http_cache (connection_id, url_hash, etag, headers, body, used_at) "
+        "SELECT 1, int4send(g), 'e', '{}', '', now() - interval '30 days' "
+        "FROM generate_series(1, 20) g"
+    )
     with Engine(make_settings(schema, retention_batch=7, history_keep_runs=20)) as small:
         report = small.prune()
     assert report.deleted[Kind.RUNS] == 30
+    assert report.deleted[Kind.HTTP_CACHE] == 20
     # 90 runs walked 7 at a time: 13 statements (the 13th finds the last 6 and ends the walk),
-    # then one each for seen keys, workers, rate budgets, jobs and ingestions, each finding
-    # less than a batch.
-    assert report.statements == 13 + 5
+    # the cache entries in 3 (7, 7, 6), then one each for seen keys, workers, rate budgets,
+    # jobs and ingestions, each finding less than a batch.
+    assert report.statements == 13 + 3 + 5
     kept = admin.execute(
         "SELECT connection_id, count(*) AS n FROM connection_runs GROUP BY 1"
     ).fetchall()
     assert {(r["connection_id"], r["n"]) for r in kept} == {(1, 20), (2, 20), (3, 20)}
+
+
+def test_an_etag_cache_entry_asked_for_is_marked_used_at_most_once_an_hour(
+    engine: Engine, admin: Any
+) -> None:
+    admin.execute("INSERT INTO workspaces (name) VALUES ('acme')")
+    admin.execute("INSERT INTO connections (workspace_id, name, provider) VALUES (1, 'c', 'gh')")
+    admin.execute(
+        "INSERT INTO http_cache (connection_id, url_hash, etag, headers, body, used_at) VALUES "
+        "(1, 'old', 'e', '{}', '', now() - interval '8 days'), "
+        "(1, 'recent', 'e', '{}', '', now() - interval '30 minutes')"
+    )
+    store = RunStore(engine.pool)
+    assert store.cached_response(1, b"old") is not None
+    assert store.cached_response(1, b"recent") is not None
+    unused = {
+        r["key"]: r["unused"]
+        for r in admin.execute(
+            "SELECT convert_from(url_hash, 'UTF8') AS key, now() - used_at AS unused "
+            "FROM http_cache"
+        ).fetchall()
+    }
+    # Asked for now, the old entry is used again; the recent one was marked less than an hour
+    # ago and is left as it was (no write for every 304).
+    assert unused["old"] < timedelta(minutes=1)
+    assert timedelta(minutes=29) < unused["recent"] < timedelta(minutes=31)
+    assert engine.prune().deleted[Kind.HTTP_CACHE] == 0
 
 
 def test_keeping_no_runs_deletes_every_old_one(schema: str, engine: Engine, admin: Any) -> None:
@@ -377,7 +423,7 @@ def test_jobs_and_ingestions_go_in_bounded_batches(
     assert report.deleted[Kind.INGESTIONS] == len(h["ingestions_doomed"]) == 6
     # Per kind, batches of 2 until one finds less than 2: 4 statements for 6 rows (the last
     # finds none), 1 each for the empty kinds; finished runs: one walk of none.
-    assert report.statements == 1 + 1 + 1 + 1 + 4 + 4
+    assert report.statements == 1 + 1 + 1 + 1 + 1 + 4 + 4
     assert ids(admin, "SELECT id FROM ingestions") == h["ingestions_kept"]
 
 

@@ -133,3 +133,30 @@ def test_a_batch_of_old_ingestions_walks_the_finished_index(engine: Engine, admi
     assert not [n for n in ingestions if n["Node Type"] == "Seq Scan"], json.dumps(found, indent=1)
     walk = next(n for n in ingestions if n.get("Index Name") == "ingestions_finished")
     assert walk["Actual Rows"] == 1000  # the batch, not the 45,000 finished
+
+
+HTTP_CACHE = """
+INSERT INTO workspaces (name) VALUES ('acme');
+INSERT INTO connections (workspace_id, name, provider) VALUES (1, 'gh', 'github');
+INSERT INTO http_cache (connection_id, url_hash, etag, headers, body, used_at)
+SELECT 1, sha256(int4send(g)), 'e', '{}', '',
+       CASE WHEN g % 10 = 0 THEN now() - interval '30 days' + g * interval '1 s' ELSE now() END
+  FROM generate_series(1, 50000) g;
+ANALYZE workspaces, connections, http_cache;
+"""
+
+
+def test_a_batch_of_unused_cache_entries_reads_them_by_index_and_deletes_by_tuple_id(
+    engine: Engine, admin: Any
+) -> None:
+    admin.execute(HTTP_CACHE)
+    found = plan_of(
+        admin,
+        "prune_http_cache_batch",
+        {"older_than": timedelta(days=7), "limit": 1000, "delete": True},
+    )
+    cache = scans_of(found, "http_cache")
+    assert {n["Node Type"] for n in cache} == {"Index Scan", "Tid Scan"}, json.dumps(found)
+    candidates = next(n for n in cache if n["Node Type"] == "Index Scan")
+    assert candidates["Index Name"] == "http_cache_unused"
+    assert candidates["Actual Rows"] == 1000  # of 5,000 unused entries and 45,000 used ones

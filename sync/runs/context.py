@@ -51,8 +51,9 @@ class RunContext:
         self._cursors = cursors
         self._checkpoints = checkpoints or RunCheckpoints()
         self._cache = cache
-        # Incremental tables whose periodic complete pass is due: their cursor is withheld.
-        self.withheld: set[str] = set()
+        # The slices (table, partition or '') whose periodic complete pass is due: their
+        # cursors are withheld.
+        self._withheld: set[tuple[str, str]] = set()
         self._abort = abort
         self._budget = budget
         self._store = store
@@ -72,8 +73,12 @@ class RunContext:
     def logger(self) -> Logger:
         return self._logger
 
+    def withhold(self, table: str, slices: set[str]) -> None:
+        """The cursors of these slices of ``table`` are withheld: they are read completely."""
+        self._withheld |= {(table, name) for name in slices}
+
     def cursor(self, table: str, partition: str | None = None) -> Any | None:
-        if table in self.withheld:
+        if (table, partition or "") in self._withheld:
             return None
         saved = self._cursors.get(table)
         if partition is None:

@@ -7,8 +7,10 @@ each attempt's history row its own counts."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -18,7 +20,7 @@ from connectors.errors import Aborted, AuthError, ConnectorError, RetryableError
 from sync import redact, tracing
 from sync.abort import AbortReason, AbortSignal
 from sync.budgets import BudgetView
-from sync.checkpoints import RunCheckpoints
+from sync.checkpoints import RunCheckpoints, SliceCheckpoint
 from sync.connector_setup import ConnectorSetupError, connector_inputs
 from sync.db import Connection, first_line
 from sync.errors import LeaseLost
@@ -39,7 +41,7 @@ from sync.runs.log import Logger
 from sync.runs.outcome import Outcomes, decider
 from sync.secrets import SecretBox
 from sync.settings import Settings
-from sync.store import ClaimedRun, RunStore, TableWrites
+from sync.store import ClaimedRun, CompletePasses, RunStore, TableWrites
 from sync.tombstones import TombstonePass
 from sync.vocabulary import SETTLED, ConnectionStatus, ErrorKind, RunError, RunStatus, TableStatus
 
@@ -97,7 +99,8 @@ class SyncJob:
         unsettled = [t for t in connector.tables if totals[t.name].status not in SETTLED]
         progress = RunProgress([t.name for t in connector.tables], checkpoints)
         try:
-            context.withheld = self._complete_passes_due(run, unsettled, checkpoints)
+            passes = self._last_complete_passes(run, unsettled)
+            now = self._store.now()
             for table in unsettled:
                 if abort.is_set:
                     break
@@ -109,12 +112,14 @@ class SyncJob:
                 result = self._sync_table(
                     run,
                     connector,
+                    context,
                     table,
                     abort,
                     logger,
                     checkpoints,
                     progress,
                     before.get(table.name),
+                    self._passes_due(run, table, passes, checkpoints, now),
                 )
                 tracing.end(
                     table_span,
@@ -145,7 +150,7 @@ class SyncJob:
                 if kind is ErrorKind.RATE_LIMITED:
                     # The provider's budget is spent for every table: end the attempt here.
                     break
-        except psycopg.Error as exc:  # deciding the complete passes
+        except psycopg.Error as exc:  # reading when the complete passes were
             logger.warning("database error before reading: %s", first_line(exc))
             error = database_error(exc)
             return decide_(totals, run_error=error), totals, attempt
@@ -156,29 +161,41 @@ class SyncJob:
                 logger.exception("connector close() failed")
         return decide_(totals, abort=abort.reason), totals, attempt
 
-    def _complete_passes_due(
-        self, run: ClaimedRun, tables: list[Table], checkpoints: RunCheckpoints
-    ) -> set[str]:
-        """The incremental tables to read whole in this run (their periodic complete pass is
-        due, or an earlier attempt of the run began it), whose cursors are withheld."""
-        periodic = [t for t in tables if t.mode is Mode.INCREMENTAL and t.complete_every]
-        if not periodic:
-            return set()
+    def _last_complete_passes(
+        self, run: ClaimedRun, tables: list[Table]
+    ) -> dict[str, CompletePasses] | None:
+        """When the connection's tables were last read completely; None when no table to read
+        has a periodic complete pass."""
+        if not any(self._complete_every(run, t) for t in tables):
+            return None
         assert run.connection_id is not None
-        last = self._store.last_complete_passes(run.connection_id)
-        now = self._store.now()
-        due = set()
-        for table in periodic:
-            assert table.complete_every is not None
-            slices = checkpoints.of(table.name)
-            if slices:  # resumed: go on as the run began
-                if any(s.resync for s in slices.values()):
-                    due.add(table.name)
-                continue
-            when = last.get(table.name)
-            if when is None or now - when >= table.complete_every:
-                due.add(table.name)
-        return due
+        return self._store.last_complete_passes(run.connection_id)
+
+    def _passes_due(
+        self,
+        run: ClaimedRun,
+        table: Table,
+        passes: dict[str, CompletePasses] | None,
+        checkpoints: RunCheckpoints,
+        now: datetime,
+    ) -> Callable[[list[str]], set[str]] | None:
+        """Which slices of ``table`` are due their periodic complete pass, once its partitions
+        are known; None for a table without one."""
+        every = self._complete_every(run, table)
+        if every is None or passes is None:
+            return None
+        return partial(
+            slices_due,
+            every=every,
+            last=passes.get(table.name, CompletePasses(None, {})),
+            began=checkpoints.of(table.name),
+            now=now,
+        )
+
+    def _complete_every(self, run: ClaimedRun, table: Table) -> timedelta | None:
+        if table.mode is not Mode.INCREMENTAL:
+            return None
+        return self._settings.complete_every_of(run.provider, table.name, table.complete_every)
 
     def _open_connector(
         self,
@@ -225,15 +242,18 @@ class SyncJob:
         self,
         run: ClaimedRun,
         connector: Connector,
+        context: RunContext,
         table: Table,
         abort: AbortSignal,
         logger: Logger,
         checkpoints: RunCheckpoints,
         progress: RunProgress,
         before: TableResult | None,
+        due: Callable[[list[str]], set[str]] | None,
     ) -> TableResult:
         """Reads one table, slice by slice, and runs its tombstone pass once every slice is
-        settled. Returns this attempt's result for it."""
+        settled. ``due`` says which of its slices are due their periodic complete pass (their
+        cursors are withheld). Returns this attempt's result for it."""
         assert run.connection_id is not None
         slices = _SliceResults(before)
         names: list[str | None] | None = None
@@ -254,6 +274,8 @@ class SyncJob:
                         [None] if partitions is None else list(dict.fromkeys(partitions))
                     )
                     names = listed
+                    if due is not None:
+                        context.withhold(table.name, due([n or "" for n in listed]))
                     for round_ in (1, 2):
                         resumed = checkpoints.of(table.name).values()
                         if any(s.seen for s in resumed) and not _seen_keys_intact(conn, run, table):
@@ -281,7 +303,12 @@ class SyncJob:
         except Exception as exc:
             status, error = self._failure(exc, abort, logger, table)
             slices.fail_table(status, error)
-        return slices.result(names, checkpoints.of(table.name), progress.table_total(table.name))
+        return slices.result(
+            names,
+            checkpoints.of(table.name),
+            progress.table_total(table.name),
+            progress.table_total_estimated(table.name),
+        )
 
     def _read_slices(
         self,
@@ -382,7 +409,7 @@ class SyncJob:
 
         assert run.connection_id is not None
         gone = TombstonePass(conn, run.lease, run.connection_id, table, abort).run(
-            None if len(whole) == len(names) else whole, confirm=confirm
+            whole, every_partition=len(whole) == len(names), confirm=confirm
         )
         slices.tombstoned(gone)
         return False
@@ -497,7 +524,11 @@ class _SliceResults:
         self._failure = (status, error)
 
     def result(
-        self, names: list[str | None] | None, slices: Mapping[str, Any], total: int | None
+        self,
+        names: list[str | None] | None,
+        slices: Mapping[str, Any],
+        total: int | None,
+        total_estimated: bool,
     ) -> TableResult:
         counts = (
             sum(p.upserted for p in self._parts.values()),
@@ -514,7 +545,7 @@ class _SliceResults:
                 if whole
                 else (TableStatus.SUCCEEDED, None)
             )
-            return TableResult(status, *counts, error, total)
+            return TableResult(status, *counts, error, total, total_estimated=total_estimated)
         latest: dict[str, TableResult] = {}
         for name in [n or "" for n in names or []] or list(self._before):
             found = self._parts.get(name) or self._before.get(name)
@@ -536,7 +567,35 @@ class _SliceResults:
                         f"{len(gave_up)} of {len(latest)} partitions failed "
                         f"({', '.join(gave_up)}); first: {error.message}"
                     )
-        return TableResult(status, *counts, error, total, dict(self._parts))
+        return TableResult(
+            status, *counts, error, total, dict(self._parts), total_estimated=total_estimated
+        )
+
+
+def slices_due(
+    names: list[str],
+    every: timedelta,
+    last: CompletePasses,
+    began: Mapping[str, SliceCheckpoint],
+    now: datetime,
+) -> set[str]:
+    """The slices (partitions, '' for a table read whole) of an incremental table with a
+    periodic complete pass that this run reads completely (pure): each whose own last complete
+    pass is older than ``every``, or that never had one. So a partition that keeps failing is
+    read completely again and again until it is (and is then tombstoned), while the others go
+    back to their incremental reads after theirs. A slice an earlier attempt of the run began
+    goes on as it began (``began``)."""
+    due = set()
+    for name in names:
+        earlier = began.get(name)
+        if earlier is not None:
+            if earlier.resync:
+                due.add(name)
+            continue
+        when = last.last(name)
+        if when is None or now - when >= every:
+            due.add(name)
+    return due
 
 
 # A table error of these kinds ends the attempt: every other table would meet it too.

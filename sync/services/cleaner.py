@@ -8,6 +8,8 @@ A pass deletes, in batches of ``retention_batch`` rows, each its own short trans
   checkpoints; runs of a deleted connection go by age alone;
 - workers stopped, or silent without recording a stop, for more than ``stopped_worker_days``;
 - rate budgets whose block has ended;
+- ETag cache entries nobody asked for in ``http_cache_days`` (responses to URLs that are never
+  asked again: a listing whose query changes with every sync);
 - seen keys of runs that are neither queued nor running (the sweeper's work, done here too so
   that the keys of the runs this pass deleted go with them);
 - finished application jobs (completed, dead, cancelled) older than the ``retention`` of the
@@ -53,6 +55,7 @@ class Kind(StrEnum):
     SEEN_KEYS = "seen_keys"
     WORKERS = "workers"
     RATE_BUDGETS = "rate_budgets"
+    HTTP_CACHE = "http_cache"
     JOBS = "jobs"
     JOB_ATTEMPTS = "job_attempts"
     INGESTIONS = "ingestions"
@@ -66,6 +69,7 @@ class RetentionRules:
     stopped_workers: timedelta
     tombstones: timedelta | None  # None: tombstoned records are kept
     batch: int
+    http_cache: timedelta  # ETag cache entries unused for this long are deleted
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetentionRules:
@@ -75,6 +79,7 @@ class RetentionRules:
             stopped_workers=settings.stopped_worker_days * DAY,
             tombstones=None if settings.tombstone_days is None else settings.tombstone_days * DAY,
             batch=settings.retention_batch,
+            http_cache=settings.http_cache_days * DAY,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -84,6 +89,7 @@ class RetentionRules:
             "stopped_worker_days": self.stopped_workers / DAY,
             "tombstone_days": None if self.tombstones is None else self.tombstones / DAY,
             "retention_batch": self.batch,
+            "http_cache_days": self.http_cache / DAY,
         }
 
 
@@ -164,6 +170,12 @@ def prune(
         ),
     )
     each(Kind.RATE_BUDGETS, lambda c: store.prune_rate_budgets(c, limit=limit, delete=delete))
+    each(
+        Kind.HTTP_CACHE,
+        lambda c: store.prune_http_cache(
+            c, older_than=rules.http_cache, limit=limit, delete=delete
+        ),
+    )
 
     def jobs(conn: store.Connection) -> store.Batch:
         found = store.prune_jobs(conn, limit=limit, delete=delete)

@@ -24,7 +24,7 @@ from sync.store.rows import BatchWritten, Lease, TombstoneStep, UnseenStep
 @dataclass(frozen=True)
 class SliceSave:
     """A slice's checkpoint as a write saves it: its read position, whether it is done and read
-    whole (``resync``), pages read and the provider's total."""
+    whole (``resync``), pages read and the provider's total (an estimate or not)."""
 
     slice: str  # the partition, '' for a table read whole
     position: Any
@@ -32,6 +32,7 @@ class SliceSave:
     resync: bool
     pages: int
     total: int | None
+    total_estimated: bool = False
 
     def params(self) -> dict[str, Any]:
         return {
@@ -41,6 +42,7 @@ class SliceSave:
             "resync": self.resync,
             "pages": self.pages,
             "total": self.total,
+            "total_estimated": self.total_estimated,
         }
 
 
@@ -149,9 +151,10 @@ class TableWrites:
         row = self._fenced(QUERIES.unseen_rows, partitions=partitions, after=after, limit=limit)
         return UnseenStep.from_row(row)
 
-    def complete_table(self, *, stamp: bool) -> None:
-        """The end of the tombstone pass: stamp the complete pass, drop the seen keys."""
-        self._fenced(QUERIES.complete_table, stamp=stamp)
+    def complete_table(self, *, stamp: bool, partitions: list[str]) -> None:
+        """The end of the tombstone pass: stamp the complete pass of each partition read whole
+        (and of the table when ``stamp``: every partition was), drop the seen keys."""
+        self._fenced(QUERIES.complete_table, stamp=stamp, partitions=partitions)
 
     def seen_keys_intact(self, run_id: int) -> bool:
         """Whether every seen key this run saved for the table is still there (a crash restart

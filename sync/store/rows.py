@@ -123,7 +123,24 @@ class SliceRow(_FromRow):
     pages: int
     records: int
     total: int | None
+    total_estimated: bool
     seen: int
+
+
+@dataclass(frozen=True)
+class CompletePasses:
+    """When a table was last read completely: every partition of it (``whole``), and each
+    partition on its own."""
+
+    whole: datetime | None
+    partitions: Mapping[str, datetime]
+
+    def last(self, partition: str) -> datetime | None:
+        """The last complete pass of one slice ('' for a table read whole); a partition that
+        has none of its own goes by the table's."""
+        if not partition:
+            return self.whole
+        return self.partitions.get(partition, self.whole)
 
 
 @dataclass(frozen=True)

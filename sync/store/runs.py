@@ -28,7 +28,16 @@ from sync.models import Attempt, Run
 from sync.queries import QUERIES
 from sync.queues.clock import Clock, SystemClock
 from sync.store.retry import DEFAULT, RetryPolicy, is_connection_lost, is_transient
-from sync.store.rows import ClaimedRun, ClaimTerms, Lease, RunControl, Seal, SliceRow, WorkerRow
+from sync.store.rows import (
+    ClaimedRun,
+    ClaimTerms,
+    CompletePasses,
+    Lease,
+    RunControl,
+    Seal,
+    SliceRow,
+    WorkerRow,
+)
 
 T = TypeVar("T")
 
@@ -220,14 +229,21 @@ class RunStore:
             idempotent=False,
         )
 
-    def last_complete_passes(self, connection_id: int) -> dict[str, datetime]:
-        """When each table of a connection was last read completely."""
+    def last_complete_passes(self, connection_id: int) -> dict[str, CompletePasses]:
+        """When each table of a connection, and each partition of it, was last read
+        completely."""
 
-        def call(conn: Connection) -> dict[str, datetime]:
+        def call(conn: Connection) -> dict[str, CompletePasses]:
             rows = conn.execute(
                 QUERIES.last_complete_passes, {"connection_id": connection_id}
             ).fetchall()
-            return {r["table_name"]: r["last_full_sync_at"] for r in rows}
+            return {
+                r["table_name"]: CompletePasses(
+                    r["last_full_sync_at"],
+                    {p: datetime.fromisoformat(t) for p, t in r["complete_passes"].items()},
+                )
+                for r in rows
+            }
 
         return self._on_pool(call, idempotent=False)
 

@@ -134,7 +134,10 @@ def test_first_sync_then_updates_deletions_and_additions(
     # The daily complete pass lists everything again; #1349 is missing, and GitHub confirms it
     # is gone before it is tombstoned.
     with sync_engine.pool.connection() as db:
-        db.execute("UPDATE table_state SET last_full_sync_at = now() - interval '2 days'")
+        db.execute(
+            "UPDATE table_state SET last_full_sync_at = now() - interval '2 days', "
+            "complete_passes = NULL"
+        )
     page_1 = [closed, fixture("github", "issues_page1.json")[1]]
     issues.mock(return_value=github(page_1, link=f'<{PAGE_2}>; rel="next"'))
     issues_2.mock(

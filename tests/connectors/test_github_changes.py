@@ -10,6 +10,8 @@ from typing import Any
 import respx
 
 from sync import Engine
+from sync.progress import describe as describe_progress
+from sync.settings import Settings
 from sync.testing import run_sync
 from tests.connectors.github_fake import GitHub, make_issue, make_pull
 from tests.connectors.helpers import live_ids, tombstoned_ids
@@ -33,8 +35,8 @@ def make_complete_pass_due(engine: Engine, connection_id: int) -> None:
     """The daily complete pass of `issues` is due: its last one was two days ago."""
     with engine.pool.connection() as conn:
         conn.execute(
-            "UPDATE table_state SET last_full_sync_at = now() - interval '2 days' "
-            "WHERE connection_id = %s AND table_name = 'issues'",
+            "UPDATE table_state SET last_full_sync_at = now() - interval '2 days', "
+            "complete_passes = NULL WHERE connection_id = %s AND table_name = 'issues'",
             (connection_id,),
         )
 
@@ -51,11 +53,25 @@ def test_issues_are_read_by_update_time_and_a_daily_complete_pass_finds_deletion
     repo.issues = [make_issue("Hello-World", n) for n in range(1, 151)]
     conn_id = connect(sync_engine, "Hello-World")
 
+    # While page 2 is asked for, the total is rel="last"'s two pages of 100: an estimate, and
+    # said to be one. Once the listing is read, it is the 150 issues read.
+    sync_engine.settings.batch_size = 50
+    seen: list[str] = []
+
+    def watch(repo_name: str, kind: str, page: int) -> None:
+        if kind == "issues" and page == 2:
+            (running,) = [r for r in sync_engine.runs() if r.status == "running"]
+            seen.append(describe_progress(running.progress))
+
+    github.on_page = watch
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded", run.error
+    assert len(seen) == 1 and seen[0].endswith(" of about 200 records"), seen
     assert counts(run.results["issues"]) == ("succeeded", 150, 0, 0)
     assert run.results["issues"]["partitions"]["Hello-World"]["upserted"] == 150
-    assert run.results["issues"]["total"] == 200  # two pages of 100, as rel="last" says
+    assert run.results["issues"]["total"] == 150
+    assert "total_estimated" not in run.results["issues"]
+    github.on_page = None
     first = [q for q, _ in github.requests if "/issues" in q]
     assert all("sort=created" in q for q in first)  # the first sync lists everything
 
@@ -82,6 +98,43 @@ def test_issues_are_read_by_update_time_and_a_daily_complete_pass_finds_deletion
     assert counts(run.results["issues"]) == ("succeeded", 0, 150, 1)
     assert tombstoned_ids(sync_engine, conn_id, "issues") == {"10000009"}
     assert ("/repos/octocat/Hello-World/issues/9", 404) in github.requests
+
+
+def test_an_operator_sets_how_often_issues_are_read_whole(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    github = GitHub(respx_mock)
+    repo = github.repo("Hello-World")
+    repo.issues = [make_issue("Hello-World", n) for n in range(1, 4)]
+    conn_id = connect(sync_engine, "Hello-World")
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+
+    def last_pass_hours_ago(hours: int) -> None:
+        with sync_engine.pool.connection() as conn:
+            conn.execute(
+                "UPDATE table_state SET last_full_sync_at = now() - make_interval(hours => %s), "
+                "complete_passes = NULL WHERE connection_id = %s AND table_name = 'issues'",
+                (hours, conn_id),
+            )
+
+    # The connector's own interval is a day: a pass 13 hours old is not due.
+    last_pass_hours_ago(13)
+    github.requests.clear()
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+    assert issue_reads(github, "Hello-World") == ["since"]
+
+    # CONNECTOR_SYNC_COMPLETE_EVERY="github.issues=12h": now it is.
+    sync_engine.settings.complete_every = Settings(
+        complete_every="github.issues=12h"
+    ).complete_every
+    last_pass_hours_ago(13)
+    github.requests.clear()
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+    assert issue_reads(github, "Hello-World") == ["whole"]
+    # ...and, just done, it is not due again.
+    github.requests.clear()
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+    assert issue_reads(github, "Hello-World") == ["since"]
 
 
 def test_a_deletion_while_page_1_is_read_never_tombstones_a_live_issue(
@@ -184,17 +237,33 @@ def test_a_resync_with_nothing_changed_asks_once_per_table_and_repository_or_get
         repo.pulls = [make_pull(name, n) for n in range(200, 330)]
     conn_id = connect(sync_engine, "Hello-World", "Spoon-Knife")
     assert run_sync(sync_engine, conn_id).status == "succeeded"
+    cached = cache_entries(sync_engine, conn_id)
+    # The complete listings' pages, per repository: 3 of issues (which lists pull requests
+    # too), 2 of pull requests.
+    assert cached == 10
 
     github.requests.clear()
     spent_before = github.remaining
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded", run.error
+    # The reads of what changed since the last sync are never asked again: nothing is kept of
+    # them, so the cache does not grow with every sync.
+    assert cache_entries(sync_engine, conn_id) == cached
     issues = [(q, s) for q, s in github.requests if "/issues" in q]
     pulls = [(q, s) for q, s in github.requests if "/pulls" in q]
     assert len(issues) == 2 and all(s == 200 for _, s in issues)  # one since-read per repository
     assert len(pulls) == 4 and all(s == 304 for _, s in pulls)  # two pages each, unchanged
     assert github.remaining == spent_before - 2  # 304s cost nothing
     assert counts(run.results["pull_requests"]) == ("succeeded", 0, 260, 0)
+
+
+def cache_entries(engine: Engine, connection_id: int) -> int:
+    with engine.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT count(*) AS n FROM http_cache WHERE connection_id = %s", (connection_id,)
+        ).fetchone()
+    assert row is not None
+    return int(row["n"])
 
 
 def test_one_repository_answering_404_fails_only_its_slice(
@@ -221,6 +290,62 @@ def test_one_repository_answering_404_fails_only_its_slice(
     # The readable repository is synced and tombstoned; the other's rows are left as they were.
     assert tombstoned_ids(sync_engine, conn_id, "pull_requests") == {"20000002"}
     assert gone_ids <= live_ids(sync_engine, conn_id, "pull_requests")
+
+
+def issue_reads(github: GitHub, repo: str) -> list[str]:
+    """How the listings of one repository's issues were asked for: "since" (what changed) or
+    "whole" (a complete listing), one entry per request of the listing's first page."""
+    path = f"/repos/octocat/{repo}/issues?"
+    return ["since" if "since=" in q else "whole" for q, _ in github.requests if q.startswith(path)]
+
+
+def test_a_repository_that_keeps_failing_holds_back_no_other_repositorys_incremental_reads(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    github = GitHub(respx_mock)
+    hello, gone = github.repo("Hello-World"), github.repo("Gone")
+    hello.issues = [make_issue("Hello-World", n) for n in range(1, 151)]
+    gone.issues = [make_issue("Gone", n) for n in range(1, 4)]
+    conn_id = connect(sync_engine, "Hello-World", "Gone")
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+
+    # The token loses access to Gone, and the daily complete pass is due: Hello-World is read
+    # whole, Gone answers 404.
+    gone.visible = False
+    make_complete_pass_due(sync_engine, conn_id)
+    github.requests.clear()
+    run = run_sync(sync_engine, conn_id)
+    assert run.results["issues"]["status"] == "partial"
+    assert issue_reads(github, "Hello-World") == ["whole"]
+    assert issue_reads(github, "Gone") == ["whole"]
+
+    # Hello-World's complete pass is done: it goes back to what changed since, while Gone,
+    # whose pass never happened, is asked for whole again (and fails alone).
+    for _ in range(2):
+        github.requests.clear()
+        run = run_sync(sync_engine, conn_id)
+        assert run.results["issues"]["status"] == "partial"
+        assert issue_reads(github, "Hello-World") == ["since"]
+        assert issue_reads(github, "Gone") == ["whole"]
+
+    # Gone comes back, with #2 deleted meanwhile: it is read whole, and #2 is confirmed gone
+    # and tombstoned; Hello-World still reads only what changed.
+    gone.visible = True
+    deleted = str(gone.issues.pop(1)["id"])
+    github.requests.clear()
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    assert issue_reads(github, "Hello-World") == ["since"]
+    assert issue_reads(github, "Gone") == ["whole"]
+    assert ("/repos/octocat/Gone/issues/2", 404) in github.requests
+    assert tombstoned_ids(sync_engine, conn_id, "issues") == {deleted}
+    assert run.results["issues"]["partitions"]["Gone"]["tombstoned"] == 1
+
+    # Its complete pass done, Gone too reads only what changed.
+    github.requests.clear()
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    assert issue_reads(github, "Hello-World") == issue_reads(github, "Gone") == ["since"]
 
 
 def test_an_operators_retry_reads_the_partitions_that_had_failed(

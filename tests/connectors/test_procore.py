@@ -233,7 +233,10 @@ def test_first_sync_then_updates_deletions_and_additions(
     # The daily complete pass lists every RFI: the recycled one is missing, and Procore confirms
     # it is gone (404).
     with sync_engine.pool.connection() as db:
-        db.execute("UPDATE table_state SET last_full_sync_at = now() - interval '2 days'")
+        db.execute(
+            "UPDATE table_state SET last_full_sync_at = now() - interval '2 days', "
+            "complete_passes = NULL"
+        )
     recycled = respx_mock.get(f"{rfis_url(MEDICAL)}/281007").mock(
         return_value=procore({"errors": "404 Not Found"}, 404)
     )

@@ -1,0 +1,25 @@
+"""Durations as people write them (``15m``, ``1h30m``, ``2d``): in command options and in
+settings alike."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``15m``, ``1h``, ``1h30m``, ``45s``, ``1d`` (a bare number is seconds)."""
+    value = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", value):
+        seconds = float(value)
+    else:
+        parts = _DURATION.findall(value)
+        if not parts or _DURATION.sub("", value).strip():
+            raise ValueError(f"{text!r} is not a duration; write it like 30s, 15m, 1h or 1h30m")
+        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is not a positive duration")
+    return timedelta(seconds=seconds)
