@@ -91,6 +91,8 @@ class Run(_FromRow):
     progress: dict[str, Any] | None = None
     # The id of the run's connection once that connection is deleted (connection_id is None).
     deleted_connection_id: int | None = None
+    # When the run was first queued; queued_at is when its next attempt may start.
+    first_queued_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:
