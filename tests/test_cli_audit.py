@@ -30,6 +30,7 @@ from sync.cli import app, main
 from sync.cli_base import WrappedWarnings
 from sync.console import when
 from sync.database_url import describe
+from sync.sqlfiles import sql_dir
 from sync.testing import make_run_due
 from tests.cli_backends import Backend, Cli
 from tests.conftest import DATABASE_URL
@@ -130,6 +131,26 @@ def test_runs_show_says_when_a_run_was_first_queued_and_when_its_retry_is_due(
     shown = cli("runs", "show", str(retried["run"])).ok().out
     assert "succeeded" in shown and "retry due" not in shown, shown
     assert re.search(rf"^queued\s+{re.escape(when(first))}\s*$", shown, re.M), shown
+
+
+def test_runs_queued_before_the_column_existed_get_their_earliest_recorded_time(
+    cli: Cli, backend: Backend, retried: dict[str, Any]
+) -> None:
+    with backend.engine() as engine, engine.pool.connection() as conn:
+        # The run as 0019 finds it: retried, so its queued_at is later than its first start.
+        conn.execute("ALTER TABLE connection_runs DROP COLUMN first_queued_at")
+        conn.execute((sql_dir() / "0019_run_first_queued.sql").read_text().encode())
+    run = cli("runs", "show", str(retried["run"]), "--json").json()
+    first, started, attempt, due = (
+        datetime.fromisoformat(t)
+        for t in (
+            run["first_queued_at"],
+            run["started_at"],
+            run["attempts"][0]["started_at"],
+            run["queued_at"],
+        )
+    )
+    assert first == min(started, attempt) < due, run
 
 
 # -- the attempts table keeps its counts at 60 and 80 columns -------------------------------------
