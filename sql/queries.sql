@@ -828,7 +828,9 @@ SELECT a.* FROM run_attempts a
 SELECT w.*, now() - w.heartbeat_at AS since_heartbeat FROM workers w ORDER BY w.started_at;
 
 -- name: list_records
--- A connection's records, live ones only unless asked; the API's read of synced data.
+-- A connection's records, live ones only unless asked; the API's read of synced data. Ids made
+-- of digits come first, in numeric order (2 before 10, as people count), then the others as
+-- text; the order costs a sort of the connection's rows, since no index holds it.
 SELECT r.table_name, r.external_id, r.data, r.first_seen_at, r.updated_at, r.deleted_at
   FROM records r
   JOIN connections c ON c.id = r.connection_id
@@ -836,7 +838,9 @@ SELECT r.table_name, r.external_id, r.data, r.first_seen_at, r.updated_at, r.del
    AND (%(workspace_id)s::bigint IS NULL OR c.workspace_id = %(workspace_id)s)
    AND (%(table_name)s::text IS NULL OR r.table_name = %(table_name)s)
    AND (%(include_deleted)s OR r.deleted_at IS NULL)
- ORDER BY r.table_name, r.external_id
+ ORDER BY r.table_name,
+          CASE WHEN r.external_id ~ '^[0-9]+$' THEN r.external_id::numeric END,
+          r.external_id
  LIMIT %(limit)s;
 
 -- name: make_run_due

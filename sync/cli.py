@@ -45,6 +45,7 @@ from sync.cli_base import (
     JsonOption,
     RunArg,
     WorkspaceOption,
+    WrappedWarnings,
     app,
     brief_error,
     connection_ref,
@@ -357,16 +358,17 @@ def runs_list(
 def attempts_table(attempts: list[Attempt], width: int) -> Table:
     """Every claim of a run in order, numbered 1, 2, 3... (a handed-back or lost claim has a
     row of its own), each with the counts of that attempt alone; their errors are
-    ``attempt_errors``, printed below."""
+    ``attempt_errors``, printed below. The counts never leave: the worker and the start wrap
+    to make room, and how long it took goes first."""
     columns = [
         Col("#", key=True, justify="right"),
         Col("outcome", key=True),
-        Col("worker", keep=5),
-        Col("started", keep=4),
-        Col("took", keep=3, justify="right"),
-        Col("upserted", keep=2, justify="right"),
-        Col("unchanged", keep=0, justify="right"),
-        Col("tombstoned", keep=1, justify="right"),
+        Col("worker", text="fold", keep=2),
+        Col("started", text="words", keep=1),
+        Col("took", keep=0, justify="right"),
+        Col("upserted", key=True, justify="right"),
+        Col("unchanged", key=True, justify="right"),
+        Col("tombstoned", key=True, justify="right"),
     ]
     rows: list[list[Cell]] = []
     for number, a in enumerate(attempts, start=1):
@@ -413,10 +415,13 @@ def runs_show(run_id: int = RunArg(), as_json: bool = JsonOption) -> None:
         ("provider", run.provider),
         ("status", styled(run.status)),
         ("attempts", f"{run.attempts} of {run.max_attempts}"),
-        ("queued", when(run.queued_at)),
+        ("queued", when(run.first_queued_at or run.queued_at)),
         ("started", when(run.started_at)),
-        ("finished", when(run.finished_at)),
     ]
+    if run.status == RunStatus.QUEUED and run.attempts > 0:
+        # Queued again after an attempt (a retry, a hand-back): when the next one may start.
+        rows.append(("retry due", when(run.queued_at)))
+    rows.append(("finished", when(run.finished_at)))
     if run.kind == RunKind.PURGE:
         rows.append(("records", f"{run.processed_units} purged"))
     else:
@@ -526,6 +531,7 @@ def main(args: Sequence[str] | None = None) -> None:
     """``connector-sync``: a usage error is one line and exit 2, like every other mistake, and
     Ctrl-C exits 130 without a traceback."""
     session.reset()
+    logging.lastResort = WrappedWarnings()
     try:
         code = app(args=args, prog_name="connector-sync", standalone_mode=False)
     except KeyboardInterrupt:

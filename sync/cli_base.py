@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
+import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
@@ -24,6 +26,7 @@ import typer.core
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 import connectors
 from sync import overview
@@ -78,8 +81,24 @@ def _no_range() -> None:
     return None
 
 
+def reflowed(help_text: str | None) -> str | None:
+    """A help text with each paragraph on one line, for the console to wrap at its width.
+
+    typer keeps the line breaks of a docstring's later paragraphs (and of the first one in a
+    group's list of commands), so a text wrapped at 96 columns in the source breaks raggedly at
+    80. A paragraph that starts with ``\\b`` keeps its lines, as click documents."""
+    if not help_text:
+        return help_text
+    body, cut, rest = inspect.cleandoc(help_text).partition("\f")
+    paragraphs = [
+        p if p.startswith("\b") else " ".join(p.split()) for p in body.strip().split("\n\n")
+    ]
+    return "\n\n".join(paragraphs) + cut + rest
+
+
 class _Group(typer.core.TyperGroup):
-    """Help without typer's type placeholders, for every command of the group."""
+    """Help without typer's type placeholders, and paragraphs that wrap at the console's
+    width, for every command of the group."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         params = super().get_params(ctx)
@@ -90,6 +109,7 @@ class _Group(typer.core.TyperGroup):
         command = super().get_command(ctx, cmd_name)
         if command is not None:
             _without_type_placeholders(command.get_params(ctx))
+            command.help = reflowed(command.help)
         return command
 
 
@@ -159,6 +179,28 @@ def setting_problems(exc: ValidationError) -> str:
     return "; ".join(problems)
 
 
+def warn(message: str) -> None:
+    """A warning on stderr, wrapped at the console's width like the rest of the output."""
+    Console(stderr=True, highlight=False).print(Text(f"warning: {message}"))
+
+
+class WrappedWarnings(logging.Handler):
+    """Where the engine's warnings go when nothing has configured logging (every command but
+    ``worker`` and ``ui``, which log with timestamps): ``logging.lastResort``. Python's own
+    prints each one as a single line, however long; this one wraps it at the console's width
+    like the rest of the output, and scrubs the database URL's secrets from it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = f"{record.levelname.lower()}: {scrub(record.getMessage(), session.url)}"
+            Console(stderr=True, highlight=False).print(Text(line))
+        except Exception:
+            self.handleError(record)
+
+
 def guarded(command: Callable[P, R]) -> Callable[P, R]:
     """Turns the errors a user can cause into one line and exit code 2, and says which
     database the command used once it succeeded."""
@@ -201,14 +243,13 @@ class _Session:
         self.url: str | None = None  # DATABASE_URL, whose secrets no message may show
         self._announced = False
 
-    def use(self, settings: Settings, *, embedded: bool = False) -> None:
-        url = None if embedded else settings.database_url
-        self.url = settings.database_url
+    def use(self, settings: Settings) -> None:
+        url = self.url = settings.database_url
         if url and not is_valid(url):  # its error says what is wrong with it
             self.where = None
             return
         self.target = describe(url) if url else str(data_dir(settings.home))
-        self.where = describe_database(settings.model_copy(update={"database_url": url}))
+        self.where = describe_database(settings)
 
     def announce(self) -> None:
         if self.where and not self._announced:
@@ -350,7 +391,7 @@ def runs_table(runs: list[Run], width: int, title: str | None = None) -> Table:
                 styled(run.status),
                 run.trigger,
                 f"{run.attempts}/{run.max_attempts}",
-                when(run.queued_at, seconds=False),
+                when(run.first_queued_at or run.queued_at, seconds=False),
                 format_duration(run_duration(run)),
                 str(c["upserted"]) if synced else "-",
                 str(c["tombstoned"]) if synced else "-",

@@ -30,6 +30,7 @@ from sync.cli_base import (
     secrets_app,
     session,
     stdout,
+    warn,
     worker_state,
 )
 from sync.console import (
@@ -44,6 +45,7 @@ from sync.console import (
 from sync.embedded import server_status, stop_server
 from sync.models import Record
 from sync.names import check_name
+from sync.secrets import configured_keys, key_file
 from sync.services.cleaner import Kind, PruneReport
 from sync.worker_metrics import MetricsServer
 
@@ -182,8 +184,8 @@ def workers_command(as_json: bool = JsonOption) -> None:
             Col("heartbeat", keep=5),
             Col("running", keep=7),
             Col("started", keep=2),
-            Col("providers", text="fold", keep=3),
-            Col("lanes", text="fold", keep=4),
+            Col("providers", text="words", keep=3),
+            Col("lanes", text="words", keep=4),
         ]
         rows: list[list[Cell]] = [
             [
@@ -297,9 +299,9 @@ def providers(as_json: bool = JsonOption) -> None:
     out = stdout()
     columns = [
         Col("provider", key=True),
-        Col("tables", text="fold"),
-        Col("config", text="fold"),
-        Col("credentials", text="fold"),
+        Col("tables", text="words"),
+        Col("config", text="words"),
+        Col("credentials", text="words"),
     ]
     rows: list[list[Cell]] = [
         [
@@ -319,19 +321,43 @@ def providers(as_json: bool = JsonOption) -> None:
 def secrets_rotate(as_json: bool = JsonOption) -> None:
     """Re-encrypt every connection's credentials with the newest key.
 
-    The newest is the first of CONNECTOR_SYNC_SECRET_KEYS; once this is done, the older keys
-    can be removed."""
-    with open_engine() as engine:
+    The newest is the first of CONNECTOR_SYNC_SECRET_KEYS (NEW,OLD); once this is done, the
+    older keys can be removed. It never makes a key: the one it encrypts with must already be
+    where every process reads it."""
+    settings = load_settings()
+    keys, path = configured_keys(settings), key_file(settings.home)
+    if keys is None and not path.exists():
+        fail(
+            f"no key to re-encrypt with: CONNECTOR_SYNC_SECRET_KEYS is unset and {path} does not "
+            "exist; set CONNECTOR_SYNC_SECRET_KEYS to NEW,OLD on every machine, then run this"
+        )
+    with open_engine(settings) as engine:
         count = engine.rotate_secret_keys()
-        keyed = engine.settings.secret_keys is not None
-        home = engine.settings.home
+    if keys is not None and count and path.exists() and path.read_text().strip() != keys[0]:
+        # A command run without the variable (a new shell, a service file without it) would
+        # read the key file, which no longer decrypts anything.
+        warn(
+            "the credentials are now encrypted with the first key of CONNECTOR_SYNC_SECRET_KEYS, "
+            f"which {path} does not hold: keep that variable set wherever connector-sync runs"
+        )
     if as_json:
         emit_json({"rotated": count})
         return
-    key = (
-        "the first key of CONNECTOR_SYNC_SECRET_KEYS" if keyed else f"the key in {home}/secret.key"
+    out = stdout()
+    if keys is not None:
+        out.print(
+            f"re-encrypted the credentials of {count} connection(s) with the first key of "
+            "CONNECTOR_SYNC_SECRET_KEYS"
+        )
+        return
+    out.print(f"re-encrypted the credentials of {count} connection(s) with the key in {path}")
+    out.print(
+        Text(
+            "that file holds the only key, so the key is unchanged; to move to a new one, set "
+            "CONNECTOR_SYNC_SECRET_KEYS to NEW,OLD (OLD: the file's key) and run this again",
+            style="dim",
+        )
     )
-    stdout().print(f"re-encrypted the credentials of {count} connection(s) with {key}")
 
 
 # -- retention ---------------------------------------------------------------------------------
@@ -411,8 +437,7 @@ def prune_rows(report: PruneReport) -> list[list[Cell]]:
 @guarded
 def db_status(as_json: bool = JsonOption) -> None:
     """Whether the embedded Postgres exists and runs, where, and since when. Never starts it."""
-    settings = load_settings()
-    session.use(settings, embedded=True)
+    settings = load_settings()  # the footer names the database commands use, as everywhere
     status = server_status(settings.home)
     configured = settings.database_url
     if as_json:
@@ -443,12 +468,14 @@ def db_stop() -> None:
 
     Open sessions are ended; nothing committed is lost."""
     settings = load_settings()
-    session.use(settings, embedded=True)
     before = stop_server(settings.home)
     if before.running:
-        stdout().print(f"stopped the embedded Postgres under {before.data_dir} (pid {before.pid})")
+        line = f"stopped the embedded Postgres under {before.data_dir} (pid {before.pid})"
     else:
-        stdout().print(f"the embedded Postgres under {before.data_dir} is not running")
+        line = f"the embedded Postgres under {before.data_dir} is not running"
+    if settings.database_url:
+        line += "; DATABASE_URL is set, so commands use that database, not this one"
+    stdout().print(line)
 
 
 @app.command()

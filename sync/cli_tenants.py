@@ -4,7 +4,6 @@ repairs (rename, delete, update, pause, resume) over ``Engine``."""
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -25,6 +24,7 @@ from sync.cli_base import (
     parse_json_object,
     runs_table,
     stdout,
+    warn,
     workspace_id,
     workspaces_app,
 )
@@ -378,10 +378,9 @@ def connections_resume(
     A disconnected one needs new credentials (`connections update CONNECTION --credentials
     @FILE`), or --force to try the refused ones again."""
     if force:
-        print(
-            "warning: --force resumes the connection with the credentials the provider "
-            "refused; unless they work again, its next sync disconnects it again",
-            file=sys.stderr,
+        warn(
+            "--force resumes the connection with the credentials the provider refused; unless "
+            "they work again, its next sync disconnects it again"
         )
     _set_status(lambda engine: engine.resume(connection_id, force=force), "resumed")
 

@@ -3,7 +3,8 @@ when there is none), tables that fit that width, times with their date and zone,
 errors in words.
 
 A table fits by giving up what matters least first: long text (names) wraps between words, a
-hyphen or a slash ending a word too, or is cut at its end, then optional columns leave in a fixed
+hyphen or a slash ending a word too, or is cut at its end; identifiers (field names, providers)
+and times wrap only at spaces, so never inside one; then optional columns leave in a fixed
 order. Errors are not squeezed into a column: the commands print them below their table,
 whole. Key columns (ids, statuses) never shrink and never leave, so a listing at 60 columns
 still says which run is which and how it stands.
@@ -122,19 +123,20 @@ class Col:
     """A column of a fitted table.
 
     ``key``: never cut, never dropped (ids, statuses). ``text``: long text that may wrap
-    (``fold``) or be cut at its end (``ellipsis``) to make room; it shrinks before any
-    column is dropped. Other columns are dropped when there is still no room, the lowest
-    ``keep`` first."""
+    (``fold``), be cut at its end (``ellipsis``), or wrap only at its spaces (``words``: lists
+    of identifiers, times), to make room; it shrinks before any column is dropped. Other
+    columns are dropped when there is still no room, the lowest ``keep`` first."""
 
     header: str
     key: bool = False
-    text: Literal["fold", "ellipsis"] | None = None
+    text: Literal["fold", "ellipsis", "words"] | None = None
     keep: int = 0
     justify: Literal["left", "right"] = "left"
 
 
 GAP = 2  # the space between two columns
 TEXT_MIN = 12  # long text keeps at least this many cells (or its header's) before columns go
+WORD_MAX = 24  # a list keeps room for its longest word, up to this: longer ones are cut
 
 
 def fit_widths(columns: Sequence[Col], rows: Sequence[Sequence[Cell]], width: int) -> list[int]:
@@ -145,7 +147,10 @@ def fit_widths(columns: Sequence[Col], rows: Sequence[Sequence[Cell]], width: in
     natural = [
         max([_cells(c.header)] + [_cells(row[i]) for row in rows]) for i, c in enumerate(columns)
     ]
-    floor = [min(natural[i], max(_cells(c.header), TEXT_MIN)) for i, c in enumerate(columns)]
+    floor = [
+        min(natural[i], max(_cells(c.header), TEXT_MIN, _longest_word(c, rows, i)))
+        for i, c in enumerate(columns)
+    ]
     shown = set(range(count))
 
     def shrunk() -> list[int] | None:
@@ -192,18 +197,58 @@ def fitted_table(
             col.header,
             width=widths[i],
             no_wrap=col.text != "fold",
-            overflow=col.text or "ellipsis",
+            overflow="fold" if col.text == "fold" else "ellipsis",
             justify=col.justify,
             header_style="bold",
         )
+    wrap = {"fold": break_words, "words": break_words_only}
     for row in rows:
         table.add_row(
             *(
-                break_words(row[i], widths[i]) if columns[i].text == "fold" else row[i]
+                wrap[text](row[i], widths[i]) if (text := columns[i].text) in wrap else row[i]
                 for i in shown
             )
         )
     return table
+
+
+def _longest_word(col: Col, rows: Sequence[Sequence[Cell]], i: int) -> int:
+    """The widest word of a ``words`` column (at most ``WORD_MAX``): it never breaks."""
+    if col.text != "words":
+        return 0
+    words = (w for row in rows if isinstance(row[i], str) for w in str(row[i]).split())
+    return min(max(map(cell_len, words), default=0), WORD_MAX)
+
+
+def break_words_only(value: Cell, width: int) -> Cell:
+    """``value`` wrapped to ``width`` cells at its spaces only, after a comma first: a list
+    such as ``base_url (optional), token`` wraps between its items and never reads as
+    ``base_`` / ``url``, a time as ``2025-03-04`` / ``14:05:09 CET``. Only a word wider than the
+    column is cut, at its end (pure). Styled text is left to the table."""
+    if not isinstance(value, str) or width <= 0 or cell_len(value) <= width:
+        return value
+    *heads, last = value.split(", ")
+    lines: list[str] = []
+    line = ""
+    for item in [f"{head}," for head in heads] + [last]:
+        if line and cell_len(f"{line} {item}") <= width:
+            line = f"{line} {item}"
+            continue
+        if line:
+            lines.append(line)
+            line = ""
+        for word in item.split():
+            if cell_len(word) > width:
+                word = chop_cells(word, width - 1)[0] + "…"
+            if line and cell_len(f"{line} {word}") <= width:
+                line = f"{line} {word}"
+            else:
+                if line:
+                    lines.append(line)
+                line = word
+    if line:
+        lines.append(line)
+    return "\n".join(lines)
 
 
 _WORD = re.compile(r"[^\s\-_/.,:;]+[\s\-_/.,:;]*|[\s\-_/.,:;]+")

@@ -11,6 +11,7 @@ fragment of the part before the host that could be one.
 
 from __future__ import annotations
 
+import os
 import re
 
 import psycopg
@@ -69,15 +70,22 @@ def is_valid(url: str) -> bool:
 
 
 def describe(url: str) -> str:
-    """The URL without its password, for messages: ``postgresql://user@host:port/db``."""
+    """The URL without its password, for messages: ``postgresql://user@host:port/db``, and
+    where libpq connects when it names no host: ``$PGHOST``, else a Unix socket in its default
+    directory (not ``localhost``, which would mean TCP)."""
     try:
         params = check(url)
     except DatabaseUnavailable:
         return "an invalid DATABASE_URL"
-    user, host = params.get("user", ""), params.get("host", "localhost")
+    user = f"{params['user']}@" if params.get("user") else ""
+    dbname = params.get("dbname", "")
+    host = params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST", "")
+    if not host:
+        return f"postgresql://{user}/{dbname} on the local socket"
     if host.startswith("/"):  # a Unix socket directory
-        return f"postgresql://{user}@/{params.get('dbname', '')}?host={host}"
-    return f"postgresql://{user}@{host}:{params.get('port', 5432)}/{params.get('dbname', '')}"
+        return f"postgresql://{user}/{dbname}?host={host}"
+    port = params.get("port") or os.environ.get("PGPORT") or "5432"
+    return f"postgresql://{user}{host}:{port}/{dbname}"
 
 
 def secrets_in(url: str) -> list[str]:

@@ -91,12 +91,18 @@ class Run(_FromRow):
     progress: dict[str, Any] | None = None
     # The id of the run's connection once that connection is deleted (connection_id is None).
     deleted_connection_id: int | None = None
+    # When the run was first queued; queued_at is when its next attempt may start.
+    first_queued_at: datetime | None = None  # from_row always sets it
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:
         row = dict(row)
         row["kind"], row["status"] = RunKind(row["kind"]), RunStatus(row["status"])
         row["error"] = RunError.parse(row.get("error"))
+        if row.get("first_queued_at") is None:  # queued before the column existed
+            row["first_queued_at"] = min(
+                t for t in (row["queued_at"], row.get("started_at")) if t is not None
+            )
         return super().from_row(row)
 
     @property

@@ -34,10 +34,8 @@ class SecretBox:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SecretBox:
-        if settings.secret_keys is not None:
-            keys = [k for k in settings.secret_keys.get_secret_value().split(",") if k.strip()]
-            return cls(keys)
-        return cls([_key_file(settings.home)])
+        keys = configured_keys(settings)
+        return cls(keys if keys is not None else [_key_file(settings.home)])
 
     def encrypt(self, credentials: Mapping[str, Any]) -> bytes:
         return self._fernet.encrypt(json.dumps(dict(credentials)).encode())
@@ -57,8 +55,20 @@ class SecretBox:
         return self._fernet.rotate(bytes(token))
 
 
+def configured_keys(settings: Settings) -> list[str] | None:
+    """The keys of CONNECTOR_SYNC_SECRET_KEYS, the one that encrypts first; None when unset."""
+    if settings.secret_keys is None:
+        return None
+    return [k.strip() for k in settings.secret_keys.get_secret_value().split(",") if k.strip()]
+
+
+def key_file(home: Path) -> Path:
+    """Where one machine keeps its key when CONNECTOR_SYNC_SECRET_KEYS is unset."""
+    return home / "secret.key"
+
+
 def _key_file(home: Path) -> str:
-    path = home / "secret.key"
+    path = key_file(home)
     if path.exists():
         return path.read_text().strip()
     home.mkdir(parents=True, exist_ok=True)

@@ -249,6 +249,15 @@ class Settings(BaseSettings):
             )
         return self
 
+    @field_validator("home", mode="before")
+    @classmethod
+    def _empty_home_is_unset(cls, value: object) -> object:
+        # `CONNECTOR_SYNC_HOME=` would be the current directory: a second embedded database
+        # wherever a command runs, which the user's data directory is there to prevent.
+        if isinstance(value, str) and not value.strip():
+            return default_home()
+        return value
+
     @field_validator("schema_name")
     @classmethod
     def _schema_is_identifier(cls, value: str) -> str:
