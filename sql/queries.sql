@@ -9,7 +9,7 @@
 -- The fence is written once, as run_fence_v1(run_row, run_id, lease_owner) (see
 -- 0012_fence_and_versions.sql), which the planner inlines into the four conditions it stands
 -- for; each fenced statement below says it with that function and takes the row lock itself.
--- The functions called here are versioned (claim_run_v2, ...): see "Upgrading" in
+-- The functions called here are versioned (claim_run_v3, ...): see "Upgrading" in
 -- docs/operations.md.
 
 

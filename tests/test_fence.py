@@ -172,9 +172,7 @@ def _check_statement(admin: Any, name: str) -> None:
     plan = _generic_plan(admin, name)
     _assert_found_by_primary_key(name, plan)
     # The same plan as the four conditions written out in the statement.
-    assert _shape(plan) == _shape(
-        _generic_plan(admin, name, _written_out(STATEMENTS[name]))
-    )
+    assert _shape(plan) == _shape(_generic_plan(admin, name, _written_out(STATEMENTS[name])))
 
 
 def test_a_fence_the_planner_cannot_inline_reads_every_run(engine: Engine, admin: Any) -> None:
