@@ -374,9 +374,9 @@ class SyncJob:
                 return connector.confirm_deleted(table, partition, missing)
 
         assert run.connection_id is not None
-        gone = TombstonePass(conn, run.lease, run.connection_id, table, abort).run(
-            None if len(whole) == len(names) else whole, confirm=confirm
-        )
+        gone = TombstonePass(
+            conn, run.lease, run.connection_id, table, abort, step=self._settings.tombstone_step
+        ).run(None if len(whole) == len(names) else whole, confirm=confirm)
         slices.tombstoned(gone)
         return False
 
