@@ -6,15 +6,15 @@
 
 
 -- name: queue_file_ingestions
--- The end of a files table's sync, fenced by the run: every live file whose record's content
--- hash differs from the one last queued (file_sources) gets a queued ingestion (or updates the
--- pending one, whose finish then sees the record moved on); an unchanged file gets none. A
--- tombstoned file's documents (and so their chunks) are deleted, its queued ingestions
--- cancelled and its running one asked to stop.
+-- The end of a files table's sync, fenced by the run (run_fence_v1, see queries.sql; the run
+-- row stays share-locked until commit, so no claim takes the run meanwhile): every live file
+-- whose record's content hash differs from the one last queued (file_sources) gets a queued
+-- ingestion (or updates the pending one, whose finish then sees the record moved on); an
+-- unchanged file gets none. A tombstoned file's documents (and so their chunks) are deleted,
+-- its queued ingestions cancelled and its running one asked to stop.
 WITH fence AS (
     SELECT r.workspace_id FROM connection_runs r
-     WHERE r.id = %(run_id)s AND r.lease_owner = %(lease_owner)s AND r.status = 'running'
-       AND r.lease_expires_at > now()
+     WHERE run_fence_v1(r, %(run_id)s, %(lease_owner)s)
        FOR SHARE
 ), changed AS (
     SELECT rec.external_id, rec.content_hash

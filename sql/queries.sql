@@ -9,7 +9,7 @@
 -- The fence is written once, as run_fence_v1(run_row, run_id, lease_owner) (see
 -- 0012_fence_and_versions.sql), which the planner inlines into the four conditions it stands
 -- for; each fenced statement below says it with that function and takes the row lock itself.
--- The functions called here are versioned (claim_run_v2, ...): see "Upgrading" in
+-- The functions called here are versioned (claim_run_v3, ...): see "Upgrading" in
 -- docs/operations.md.
 
 
@@ -23,16 +23,13 @@ SELECT * FROM enqueue_run_v3(%(connection_id)s, %(workspace_id)s, %(trigger)s, %
 -- Claims the oldest claimable run this worker can execute (see claim_run_v3() in
 -- 0013_lane_parking.sql: a sync only of a provider in `providers`, walking only the index of
 -- unparked runs, so runs queued behind a busy lane cost the claim nothing) and returns it with
--- what the executor needs of its connection and its tables' cursors, in one round trip. The
--- limiter's invariant and its re-check under the workspace lock are those of claim_run_v2().
--- `wakeable`: this worker listens on its own channel; an empty claim marks it idle so that one
--- enqueue wakes it alone.
-SELECT r.*, c.name AS connection_name, c.status AS connection_status, c.config,
-       c.credentials,
-       (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
-         WHERE s.connection_id = r.connection_id AND s.cursor IS NOT NULL) AS cursors
+-- what the executor needs of its connection and its tables' cursors (claimed_run_extras_v1()
+-- in 0020_claimed_run.sql), in one round trip. The limiter's invariant and its
+-- re-check under the workspace lock are those of claim_run_v2(). `wakeable`: this worker
+-- listens on its own channel; an empty claim marks it idle so that one enqueue wakes it alone.
+SELECT r.*, x.*
   FROM claim_run_v3(%(worker_id)s, %(lease)s, %(providers)s::text[], %(wakeable)s) r
-  LEFT JOIN connections c ON c.id = r.connection_id;
+  LEFT JOIN LATERAL claimed_run_extras_v1(r.connection_id) x ON true;
 
 -- name: renew_lease
 -- Extends the lease of a run this claim still owns, and notes it on the attempt's history row.
@@ -112,15 +109,12 @@ SELECT f.id IS NOT NULL AS sealed
 -- The worker loop's one round trip between two runs: seals the run it just executed, then
 -- claims the next (see finish_and_claim_v3()), waking another worker only for a run this one
 -- did not take itself. Returns whether the finish sealed, and the claimed run (all NULL when
--- there is none) with the same extras as claim_run.
-SELECT f.sealed, (f.claimed).*, c.name AS connection_name,
-       c.status AS connection_status, c.config, c.credentials,
-       (SELECT jsonb_object_agg(s.table_name, s.cursor) FROM table_state s
-         WHERE s.connection_id = (f.claimed).connection_id AND s.cursor IS NOT NULL) AS cursors
+-- there is none) with the same extras as claim_run (claimed_run_extras_v1()).
+SELECT f.sealed, (f.claimed).*, x.*
   FROM finish_and_claim_v3(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
                            %(processed_units)s, %(disconnect)s, %(worker_id)s, %(lease)s,
                            %(providers)s::text[], %(wakeable)s) f
-  LEFT JOIN connections c ON c.id = (f.claimed).connection_id;
+  LEFT JOIN LATERAL claimed_run_extras_v1((f.claimed).connection_id) x ON true;
 
 -- name: requeue_run
 -- Hands a failed attempt's run back to the queue as the same row, due after the delay, keeping

@@ -17,7 +17,6 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
 import connectors
@@ -38,13 +37,18 @@ from sync.overview import (
     WorkerState,
     worker_state,
 )
-from sync.queries import QUERIES
 from sync.queues.lanes import parse_lanes
 from sync.queues.postgres import PostgresQueues
 from sync.secrets import SecretBox
 from sync.services.cleaner import PruneReport, RetentionRules, prune
 from sync.settings import Settings
-from sync.store import RunStore
+from sync.store import (
+    ConnectionRepair,
+    LockedConnection,
+    OverviewStore,
+    RunStore,
+    TenantStore,
+)
 from sync.vocabulary import ConnectionStatus, RunKind, RunStatus
 from sync.worker import Worker
 
@@ -67,8 +71,11 @@ class Engine(IngestionsApi):
         self.database = describe_database(self.settings, database_url)
         self.url = database_url or self.settings.database_url or embedded_url(self.settings.home)
         self.pool: Pool = open_pool(self.settings, self.url, size=pool_size)
-        # The typed statements of the runs path (sync.store), on the same pool.
+        # The typed statements (sync.store), on the same pool: the runs path's, the
+        # workspaces' and connections', and the operators' reads.
         self.store = RunStore(self.pool)
+        self._tenants = TenantStore(self.pool)
+        self._overview = OverviewStore(self.pool)
         self._secrets: SecretBox | None = None
         self._workspace_id: int | None = None
         self._queues: PostgresQueues | None = None
@@ -117,40 +124,38 @@ class Engine(IngestionsApi):
         alone (a reference made of digits is an id)."""
         check_workspace_name(name)
         try:
-            row = self._one(QUERIES.create_workspace, name=name)
+            return self._tenants.create_workspace(name)
         except psycopg.errors.UniqueViolation:
             raise Conflict(f"a workspace named {name!r} already exists") from None
-        return Workspace.from_row(row)
 
     def workspaces(self) -> list[Workspace]:
         """The workspaces, and deleted ones whose connections are still being purged."""
-        rows = self._all(QUERIES.list_workspaces)
-        return [Workspace.from_row(r) for r in rows if self._sees(r["id"])]
+        return [w for w in self._tenants.workspaces() if self._sees(w.id)]
 
     def workspace(self, ref: int | str) -> Workspace:
         """A workspace by reference: an int, or a string of the digits 0-9, is an id (a
         deleted workspace too); anything else is the name of a workspace that is not deleted."""
         key = workspace_ref(ref)
         if isinstance(key, int):
-            row = self._maybe(QUERIES.get_workspace_by_id, workspace_id=key)
+            found = self._tenants.workspace_by_id(key)
             missing = f"no workspace with id {key}"
         else:
-            row = self._maybe(QUERIES.get_workspace_by_name, name=key)
+            found = self._tenants.workspace_by_name(key)
             missing = f"no workspace named {key!r}"
-        if row is None or not self._sees(row["id"]):
+        if found is None or not self._sees(found.id):
             raise NotFound(f"{missing}; list them with `connector-sync workspaces list`")
-        return Workspace.from_row(row)
+        return found
 
     def rename_workspace(self, ref: int | str, name: str) -> Workspace:
         check_workspace_name(name)
         current = self.workspace(ref)
         try:
-            row = self._maybe(QUERIES.rename_workspace, workspace_id=current.id, name=name)
+            renamed = self._tenants.rename_workspace(current.id, name)
         except psycopg.errors.UniqueViolation:
             raise Conflict(f"a workspace named {name!r} already exists") from None
-        if row is None:
+        if renamed is None:
             raise Conflict(f"workspace {current.id} is deleted; it cannot be renamed")
-        return Workspace.from_row(row)
+        return renamed
 
     def delete_workspace(self, ref: int | str) -> list[Run]:
         """Delete a workspace: it is marked deleted (no connection can be created in it, its
@@ -161,19 +166,7 @@ class Engine(IngestionsApi):
         if self._workspace_id is not None:
             raise InvalidInput("a workspace-scoped engine cannot delete its workspace")
         current = self.workspace(ref)
-        purges = []
-        with self.pool.connection() as conn, conn.transaction():
-            conn.execute(QUERIES.mark_workspace_deleted, {"workspace_id": current.id})
-            ids = conn.execute(
-                QUERIES.connections_of_workspace, {"workspace_id": current.id}
-            ).fetchall()
-            for row in ids:
-                purge = self.store.delete_connection(
-                    row["id"], current.id, self.settings.max_attempts, conn=conn
-                )
-                if purge is not None:
-                    purges.append(purge)
-        return purges
+        return self._tenants.delete_workspace(current.id, self.settings.max_attempts)
 
     # -- connections -----------------------------------------------------------------------
 
@@ -199,21 +192,20 @@ class Engine(IngestionsApi):
         _check_credentials(cls, creds)
         seconds = _seconds(schedule_every)
         try:
-            row = self._maybe(
-                QUERIES.create_connection,
+            created = self._tenants.create_connection(
                 workspace_id=workspace_id,
                 name=name,
                 provider=provider,
-                config=Jsonb(validated.model_dump(mode="json")),
+                config=validated.model_dump(mode="json"),
                 credentials=self.secrets.encrypt(creds) if creds else None,
                 budget_key=budget_key_of(cls, provider, validated, creds),
                 schedule_seconds=seconds,
             )
         except psycopg.errors.UniqueViolation:
             raise Conflict(f"workspace {workspace_id} already has a connection {name!r}") from None
-        if row is None:
+        if created is None:
             raise NotFound(f"no workspace {workspace_id} (or it was deleted)")
-        return Connection.from_row(row)
+        return created
 
     def update_credentials(self, connection_id: int, credentials: Mapping[str, Any]) -> Connection:
         """Give a connection new credentials (a disconnected one becomes active again)."""
@@ -245,85 +237,60 @@ class Engine(IngestionsApi):
         new_creds = dict(credentials) if credentials is not None else None
         if new_creds is not None:
             redact.register(new_creds)
-        with self.pool.connection() as conn, conn.transaction():
-            row = conn.execute(
-                QUERIES.lock_connection_credentials,
-                {"connection_id": connection_id, "workspace_id": self._workspace_id},
-            ).fetchone()
-            if row is None:
-                raise NotFound(f"no connection {connection_id} (or it is being deleted)")
-            cls = _connector(row["provider"])
-            merged = dict(row["config"])
+        workspace_id: int | None = None  # the connection's, for a conflict's message
+
+        def repair(stored: LockedConnection) -> ConnectionRepair:
+            nonlocal workspace_id
+            workspace_id = stored.workspace_id
+            cls = _connector(stored.provider)
+            merged = dict(stored.config)
             for key, value in (config or {}).items():
                 if value is None:
                     merged.pop(key, None)
                 else:
                     merged[key] = value
             validated = _valid_config(cls, merged)
-            budget_key = row["budget_key"]
+            budget_key = stored.budget_key
             if new_creds is not None:
                 _check_credentials(cls, new_creds)
-                budget_key = budget_key_of(cls, row["provider"], validated, new_creds)
+                budget_key = budget_key_of(cls, stored.provider, validated, new_creds)
             elif config:  # the budget may depend on the config and the stored credentials
-                creds = self.secrets.decrypt(row["credentials"]) if row["credentials"] else {}
+                creds = self.secrets.decrypt(stored.credentials) if stored.credentials else {}
                 redact.register(creds)
-                budget_key = budget_key_of(cls, row["provider"], validated, creds)
-            try:
-                saved = conn.execute(
-                    QUERIES.update_connection,
-                    {
-                        "connection_id": connection_id,
-                        "name": name,
-                        "config": Jsonb(validated.model_dump(mode="json")),
-                        "set_credentials": new_creds is not None,
-                        "credentials": self.secrets.encrypt(new_creds) if new_creds else None,
-                        "budget_key": budget_key,
-                        "set_schedule": seconds is not None or no_schedule,
-                        "schedule_seconds": seconds,
-                    },
-                ).fetchone()
-            except psycopg.errors.UniqueViolation:
-                raise Conflict(
-                    f"workspace {row['workspace_id']} already has a connection {name!r}"
-                ) from None
-        assert saved is not None
-        return Connection.from_row(saved)
+                budget_key = budget_key_of(cls, stored.provider, validated, creds)
+            return ConnectionRepair(
+                config=validated.model_dump(mode="json"),
+                budget_key=budget_key,
+                name=name,
+                set_credentials=new_creds is not None,
+                credentials=self.secrets.encrypt(new_creds) if new_creds else None,
+                set_schedule=seconds is not None or no_schedule,
+                schedule_seconds=seconds,
+            )
+
+        try:
+            saved = self._tenants.repair_connection(connection_id, self._workspace_id, repair)
+        except psycopg.errors.UniqueViolation:
+            raise Conflict(f"workspace {workspace_id} already has a connection {name!r}") from None
+        if saved is None:
+            raise NotFound(f"no connection {connection_id} (or it is being deleted)")
+        return saved
 
     def rotate_secret_keys(self, batch: int = 500) -> int:
         """Re-encrypt every connection's credentials under the newest key (the first of
         CONNECTOR_SYNC_SECRET_KEYS). After it, older keys can be dropped. Returns the count."""
         if self._workspace_id is not None:
             raise InvalidInput("a workspace-scoped engine cannot rotate keys")
-        done, after = 0, 0
-        while True:
-            with self.pool.connection() as conn, conn.transaction():
-                rows = conn.execute(
-                    QUERIES.credentials_to_rotate, {"after_id": after, "limit": batch}
-                ).fetchall()
-                for row in rows:
-                    conn.execute(
-                        QUERIES.store_rotated_credentials,
-                        {
-                            "connection_id": row["id"],
-                            "credentials": self.secrets.rotate(row["credentials"]),
-                        },
-                    )
-            if not rows:
-                return done
-            done += len(rows)
-            after = rows[-1]["id"]
+        return self._tenants.rotate_credentials(self.secrets.rotate, batch=batch)
 
     def connections(self, workspace_id: int | None = None) -> list[Connection]:
-        rows = self._all(QUERIES.list_connections, workspace_id=self._scope(workspace_id))
-        return [Connection.from_row(r) for r in rows]
+        return self._tenants.connections(self._scope(workspace_id))
 
     def connection(self, connection_id: int) -> Connection:
-        row = self._maybe(
-            QUERIES.get_connection, connection_id=connection_id, workspace_id=self._workspace_id
-        )
-        if row is None:
+        found = self._tenants.connection(connection_id, self._workspace_id)
+        if found is None:
             raise NotFound(f"no connection {connection_id}")
-        return Connection.from_row(row)
+        return found
 
     def pause(self, connection_id: int) -> Connection:
         """No scheduled or manual syncs until it is resumed."""
@@ -345,14 +312,10 @@ class Engine(IngestionsApi):
     def _set_status(
         self, connection_id: int, status: ConnectionStatus, allowed: list[ConnectionStatus]
     ) -> Connection:
-        row = self._maybe(
-            QUERIES.set_connection_status,
-            connection_id=connection_id,
-            workspace_id=self._workspace_id,
-            status=status,
-            from_statuses=allowed,
+        changed = self._tenants.set_connection_status(
+            connection_id, self._workspace_id, status, allowed
         )
-        if row is None:
+        if changed is None:
             current = self.connection(connection_id)  # raises NotFound
             if current.status == ConnectionStatus.DISCONNECTED:
                 raise Conflict(
@@ -362,7 +325,7 @@ class Engine(IngestionsApi):
                     "the same ones again"
                 )
             raise Conflict(f"connection {connection_id} is {current.status}")
-        return Connection.from_row(row)
+        return changed
 
     def delete_connection(self, connection_id: int) -> Run:
         """Mark the connection deleting and queue its purge (behind a sync still running).
@@ -450,15 +413,13 @@ class Engine(IngestionsApi):
         limit: int = 10_000,
     ) -> list[Record]:
         """A connection's synced records (live ones unless ``include_deleted``)."""
-        rows = self._all(
-            QUERIES.list_records,
-            connection_id=connection_id,
-            workspace_id=self._workspace_id,
-            table_name=table,
+        return self._tenants.records(
+            connection_id,
+            self._workspace_id,
+            table=table,
             include_deleted=include_deleted,
             limit=limit,
         )
-        return [Record.from_row(r) for r in rows]
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -500,17 +461,12 @@ class Engine(IngestionsApi):
         )
 
     def workers(self) -> list[WorkerInfo]:
-        return [WorkerInfo.from_row(r) for r in self._all(QUERIES.list_workers)]
+        return self._overview.workers()
 
     def queued_without_worker(self) -> list[tuple[str, int, int]]:
         """Queued syncs no live worker can take, by provider: ``(provider, runs, oldest run
         id)``. They stay queued until a worker with that provider's connector starts."""
-        rows = self._all(
-            QUERIES.queued_runs_without_worker,
-            stale_seconds=self.settings.stale_after,
-            workspace_id=self._workspace_id,
-        )
-        return [(r["provider"], r["runs"], r["oldest_run"]) for r in rows]
+        return list(self._overview.unserved(self.settings.stale_after, self._workspace_id))
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -524,20 +480,6 @@ class Engine(IngestionsApi):
     def _sees(self, workspace_id: int) -> bool:
         return self._workspace_id is None or workspace_id == self._workspace_id
 
-    def _maybe(self, query: Any, **params: Any) -> dict[str, Any] | None:
-        with self.pool.connection() as conn:
-            row: dict[str, Any] | None = conn.execute(query, params).fetchone()
-            return row
-
-    def _one(self, query: Any, **params: Any) -> dict[str, Any]:
-        row = self._maybe(query, **params)
-        assert row is not None
-        return row
-
-    def _all(self, query: Any, **params: Any) -> list[dict[str, Any]]:
-        with self.pool.connection() as conn:
-            return conn.execute(query, params).fetchall()
-
     # -- operator views (the web page and /metrics) -------------------------------------------
 
     def connections_overview(
@@ -545,10 +487,7 @@ class Engine(IngestionsApi):
     ) -> list[ConnectionOverview]:
         """Connections with their queued or running run and their last finished one, by
         workspace; at most ``limit`` of them."""
-        rows = self._all(
-            QUERIES.connections_overview, workspace_id=self._scope(workspace_id), limit=limit
-        )
-        return [ConnectionOverview.from_row(r) for r in rows]
+        return self._overview.connections_overview(self._scope(workspace_id), limit=limit)
 
     def worker_states(self) -> list[tuple[WorkerInfo, WorkerState]]:
         """Every worker known to the database, with whether it is alive, stale or stopped."""
@@ -563,15 +502,11 @@ class Engine(IngestionsApi):
         ``timeout`` seconds. Not available to a workspace-scoped engine."""
         if self._workspace_id is not None:
             raise InvalidInput("a workspace-scoped engine cannot read fleet-wide metrics")
-        params = {
-            "window_seconds": window_seconds,
-            "stale_after_seconds": self.settings.stale_after,
-        }
-        with self.pool.connection() as conn, conn.transaction():
-            conn.execute(QUERIES.metrics_statement_timeout, {"timeout": f"{int(timeout * 1000)}"})
-            row = conn.execute(QUERIES.metrics_snapshot, params).fetchone()
-        assert row is not None
-        return MetricsSnapshot.from_row(row, window_seconds)
+        return self._overview.metrics_snapshot(
+            window_seconds=window_seconds,
+            stale_after_seconds=self.settings.stale_after,
+            timeout=timeout,
+        )
 
     # -- retention -------------------------------------------------------------------------
 

@@ -42,9 +42,9 @@ from sync.worker_metrics import WorkerMetrics
 log = logging.getLogger("sync.lanes")
 
 HANDLERS_GROUP = "connector_sync.handlers"
-SCHEDULE_EVERY = 1.0
-PRUNE_EVERY = 60.0
 # Seconds before a lane tries again after a claim or a completion failed (the database is down).
+# Not a setting: it only keeps a failing lane from spinning, and a lane's next claim waits for
+# the database anyway (the pool's own timeout), so no operator gains by tuning it.
 RETRY_AFTER = 0.5
 
 Setup = Callable[[Queues], object]
@@ -371,12 +371,12 @@ class Lanes:
 
     def _maintain(self) -> None:
         last_prune = time.monotonic()
-        while not self._stopping.wait(SCHEDULE_EVERY):
+        while not self._stopping.wait(self.settings.queue_schedule_interval):
             try:
                 sent = self.queues.enqueue_due_schedules()
                 if sent:
                     log.info("cron sent job(s) %s", ", ".join(map(str, sent)))
-                if time.monotonic() - last_prune >= PRUNE_EVERY:
+                if time.monotonic() - last_prune >= self.settings.queue_prune_interval:
                     last_prune = time.monotonic()
                     self.queues.prune()
             except Exception as exc:

@@ -87,6 +87,12 @@ class Settings(BaseSettings):
         "by one worker of the fleet.",
     )
     sweep_batch: int = Field(default=10000, ge=1)
+    tombstone_step: int = Field(
+        default=10_000,
+        ge=1,
+        description="Stored rows a step of the tombstone pass reads: each step is one short "
+        "fenced statement, so the lease's renewals interleave with the pass.",
+    )
     clean_interval: float = Field(
         default=3600.0,
         gt=0,
@@ -167,6 +173,18 @@ class Settings(BaseSettings):
         default=None,
         description="Lanes per application queue, QUEUE=N,...: how many jobs of each queue a "
         "worker runs at once. Unset: the worker serves no application queue.",
+    )
+    queue_schedule_interval: float = Field(
+        default=1.0,
+        gt=0,
+        description="Seconds between a lane-serving worker's scans for due cron schedules of "
+        "the application queues (how late a tick may fire).",
+    )
+    queue_prune_interval: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds between a lane-serving worker's deletions of the jobs past their "
+        "queue's retention (the cleaner deletes them too, every clean_interval).",
     )
 
     # Ingestions: files made searchable (see docs/documents.md).

@@ -24,7 +24,6 @@ from pydantic import SecretStr
 
 from sync.api import Engine
 from sync.models import Run
-from sync.queries import QUERIES
 from sync.settings import Settings
 from sync.vocabulary import RunStatus
 from sync.worker import Worker
@@ -61,8 +60,7 @@ def run_sync(
 def make_run_due(engine: Engine, run_id: int) -> bool:
     """Let a requeued run's time come now: due at once, and the rate budget it waits for free
     again, as if the provider's reset had come. False if the run was not waiting."""
-    with engine.pool.connection() as conn:
-        return conn.execute(QUERIES.make_run_due, {"run_id": run_id}).fetchone() is not None
+    return engine.store.make_due(run_id)
 
 
 @pytest.fixture

@@ -24,8 +24,6 @@ from connectors.base import Table
 from sync.abort import AbortSignal
 from sync.store import Lease, TableWrites
 
-STEP = 10_000  # stored rows per step of the pass
-
 Confirm = Callable[[str | None, Mapping[str, Mapping[str, Any]]], Collection[str] | None]
 """The connector's confirmation for one partition (None for a table read whole)."""
 
@@ -47,8 +45,9 @@ class TombstonePass:
         table: Table,
         abort: AbortSignal,
         *,
-        step: int = STEP,
+        step: int,
     ) -> None:
+        """``step``: stored rows per step of the pass (``Settings.tombstone_step``)."""
         self._writes = TableWrites(conn, lease, connection_id, table.name)
         self._table = table
         self._abort = abort

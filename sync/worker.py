@@ -122,7 +122,11 @@ class Listener:
             try:
                 with connect_listener(self._settings, self._url) as conn:
                     self._conn = conn
-                    # Schema-qualified: this session has no search_path of the engine's.
+                    # The listener's own statements stay here rather than in a store: they run
+                    # on this dedicated session (not the pool's, and past any transaction
+                    # pooler), which has no search_path of the engine's, so the names are
+                    # schema-qualified with psycopg.sql, and LISTEN takes its channel as an
+                    # identifier, never a parameter. Neither fits a named statement.
                     channel = conn.execute(
                         psycopg.sql.SQL("SELECT {}.notify_channel() AS c").format(
                             psycopg.sql.Identifier(self._settings.schema_name)

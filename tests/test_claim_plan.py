@@ -4,9 +4,11 @@ auto_explain reports the plans of the statements inside claim_run() as they real
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from typing import Any
 
 from sync import Engine
+from sync.queries import QUERIES
 from tests.plans import explained, nodes
 
 HISTORY = """
@@ -84,3 +86,31 @@ def test_a_claim_limited_to_its_providers_walks_the_same_index(engine: Engine, a
     scans = [n for n in found if n.get("Relation Name") == "connection_runs"]
     assert scans[0]["Index Name"] == "connection_runs_claimable"
     assert scans[0]["Actual Rows"] + scans[0].get("Rows Removed by Filter", 0) <= 5
+
+
+def test_a_claimed_runs_connection_is_read_by_its_primary_key(engine: Engine, admin: Any) -> None:
+    """What claim_run and finish_and_claim return beside the run, written once in
+    claimed_run_extras_v1: the claimed run's connection is one probe of its primary key, not a
+    read of every connection (however many there are: a table of a few pages is read whole, as
+    it should be)."""
+    admin.execute(HISTORY)
+    admin.execute(
+        "INSERT INTO connections (workspace_id, name, provider, config)"
+        " SELECT 1 + g % 20, 'c' || g, 'memory', '{}' FROM generate_series(201, 20000) g"
+    )
+    admin.execute("ANALYZE connections")
+    params = {
+        "worker_id": "plan-test",
+        "lease": timedelta(minutes=1),
+        "providers": ["memory"],
+        "wakeable": False,
+    }
+    row, plans = explained(admin, QUERIES._by_name["claim_run"].text, params)
+    assert row is not None and row["connection_name"] is not None
+    extras = next(p for p in plans if "FROM connections c" in p["Query Text"])
+    scans = [n for n in nodes(extras["Plan"]) if n.get("Relation Name") == "connections"]
+    assert [(n["Node Type"], n.get("Index Name")) for n in scans] == [
+        ("Index Scan", "connections_pkey")
+    ], json.dumps(extras, indent=1)
+    for name in ("claim_run", "finish_and_claim"):
+        assert "claimed_run_extras_v1(" in QUERIES._by_name[name].text

@@ -92,7 +92,7 @@ def test_every_write_of_a_stale_claim_matches_nothing(engine: Engine, admin: Any
             batch.flush()  # which waits for that write
         batch.close()
         with pytest.raises(LeaseLost):
-            TombstonePass(db, stale, conn.id, table, AbortSignal()).run(
+            TombstonePass(db, stale, conn.id, table, AbortSignal(), step=100).run(
                 [""], every_partition=True, confirm=None
             )
         with pytest.raises(LeaseLost):

@@ -11,15 +11,19 @@ import psycopg
 import pytest
 
 from sync import Engine
+from sync.models import Workspace
 from sync.retry_policy import Action, TableResult
 from sync.runs.outcome import decider
 from sync.store import (
     ClaimedRun,
     ClaimTerms,
     ManualClock,
+    OverviewStore,
     RetryPolicy,
     RunStore,
     Seal,
+    TenantStore,
+    UnservedProvider,
     is_connection_lost,
     is_transient,
 )
@@ -142,3 +146,51 @@ def test_decisions_are_taken_at_the_stores_clock(engine: Engine) -> None:
     assert decide(limited).action is Action.WAIT
     clock.advance(timedelta(seconds=engine.settings.run_deadline + 1).total_seconds())
     assert decide(limited).action is not Action.WAIT
+
+
+def test_a_repair_is_one_transaction_repeated_whole_after_a_transient_failure(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API's statements go through the store's RetryPolicy too: a deadlock in the middle of
+    an operator's repair (after the row lock, before the update) rolls it back, and the repair
+    is made, once, by the repeated transaction (a lock left behind would block it)."""
+    key, _ = new_dataset(items=items(1, 2))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+    encrypt = engine.secrets.encrypt
+    failures: list[Exception] = [psycopg.errors.DeadlockDetected()]
+
+    def deadlocks_once(credentials: dict[str, Any]) -> bytes:
+        if failures:
+            raise failures.pop()
+        return encrypt(credentials)
+
+    monkeypatch.setattr(engine.secrets, "encrypt", deadlocks_once)
+    repaired = engine.update_connection(conn.id, name="renamed", credentials={"token": "t"})
+    assert (repaired.name, repaired.has_credentials, failures) == ("renamed", True, [])
+
+
+def test_tenants_and_what_operators_see_in_typed_rows(engine: Engine) -> None:
+    tenants, overview = TenantStore(engine.pool), OverviewStore(engine.pool)
+    ws = tenants.create_workspace("acme")
+    assert isinstance(ws, Workspace) and tenants.workspace_by_name("acme") == ws
+    key, _ = new_dataset(items=items(1, 2))
+    conn = tenants.create_connection(
+        workspace_id=ws.id,
+        name="mem",
+        provider="memory",
+        config={"dataset": key},
+        credentials=None,
+        budget_key=None,
+        schedule_seconds=None,
+    )
+    assert conn is not None and tenants.connections(ws.id) == [conn]
+    queued = RunStore(engine.pool).enqueue(conn.id, ws.id, "manual", 3)
+    assert queued is not None
+    # No worker is alive: the queued sync is one no worker can take.
+    assert overview.unserved(60, ws.id) == [UnservedProvider("memory", 1, queued.id)]
+    assert [c.active_run for c in overview.connections_overview(ws.id, limit=10)] != [None]
+    purges = tenants.delete_workspace(ws.id, 3)
+    assert [p.kind for p in purges] == ["purge"]
+    assert tenants.delete_workspace(ws.id, 3) == purges  # the purges still pending
+    assert tenants.rename_workspace(ws.id, "other") is None  # deleted

@@ -8,10 +8,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import psycopg
+import pytest
 
 import connectors
 from connectors import Mode, PermanentError, RetryableError, Table, register
 from sync import Engine
+from sync.store import TableWrites
 from tests.conftest import make_settings
 from tests.fakes import DATASETS, Dataset, MemoryPagesConnector
 
@@ -358,3 +360,32 @@ def test_a_row_one_listing_missed_and_the_next_saw_is_not_rewritten(
         assert tombstoned(admin, conn.id) == set()
     finally:
         connectors.registry.unregister("memory_shifting")
+
+
+def test_the_tombstone_pass_steps_by_the_setting(
+    schema: str, admin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tombstone_step`` bounds each fenced step of the pass: seven stored rows, two a step,
+    take four steps, and the pass still tombstones exactly what went."""
+    steps: list[tuple[str, int]] = []
+    step = TableWrites.tombstone_step
+
+    def counted(self: TableWrites, partitions: Any, after: str, limit: int) -> Any:
+        taken = step(self, partitions, after, limit)
+        steps.append((after, taken.scanned))
+        return taken
+
+    monkeypatch.setattr(TableWrites, "tombstone_step", counted)
+    with Engine(make_settings(schema, tombstone_step=2)) as engine:
+        engine.migrate()
+        ws = engine.create_workspace("acme")
+        key, data = new_dataset(items=items(*range(1, 8)))
+        conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+        sync_once(engine, conn.id)
+        steps.clear()
+        data.tables["items"] = items(1, 3, 5, 7)
+        run = sync_once(engine, conn.id)
+    assert run.results["items"]["tombstoned"] == 3
+    assert tombstoned(admin, conn.id) == {"2", "4", "6"}
+    # The items table's steps (the empty notes table takes one of its own).
+    assert [s for s in steps if s != ("", 0)] == [("", 2), ("2", 2), ("4", 2), ("6", 1)]

@@ -408,9 +408,9 @@ class SyncJob:
                 return connector.confirm_deleted(table, partition, missing)
 
         assert run.connection_id is not None
-        gone = TombstonePass(conn, run.lease, run.connection_id, table, abort).run(
-            whole, every_partition=len(whole) == len(names), confirm=confirm
-        )
+        gone = TombstonePass(
+            conn, run.lease, run.connection_id, table, abort, step=self._settings.tombstone_step
+        ).run(whole, every_partition=len(whole) == len(names), confirm=confirm)
         slices.tombstoned(gone)
         return False
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 from uuid import UUID
 
 
@@ -151,3 +151,37 @@ class WorkerRow(_FromRow):
     incarnation: UUID | None
     stopped_at: datetime | None
     since_heartbeat: Any  # a timedelta
+
+
+@dataclass(frozen=True)
+class LockedConnection(_FromRow):
+    """A connection as a repair reads it under its row lock (its credentials still encrypted)."""
+
+    workspace_id: int
+    provider: str
+    config: dict[str, Any]
+    credentials: bytes | None
+    budget_key: str | None
+
+
+@dataclass(frozen=True)
+class ConnectionRepair:
+    """What a repair writes over a locked connection: its whole config and budget key; a new
+    name (None keeps it); new credentials when ``set_credentials`` (None clears them); a new
+    schedule when ``set_schedule`` (None removes it)."""
+
+    config: dict[str, Any]
+    budget_key: str | None
+    name: str | None = None
+    set_credentials: bool = False
+    credentials: bytes | None = None
+    set_schedule: bool = False
+    schedule_seconds: float | None = None
+
+
+class UnservedProvider(NamedTuple):
+    """Queued syncs of a provider that no live worker can take: how many, and the oldest."""
+
+    provider: str
+    runs: int
+    oldest_run: int

@@ -15,9 +15,8 @@ holds.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
@@ -27,6 +26,7 @@ from sync.errors import LeaseLost
 from sync.models import Attempt, Run
 from sync.queries import QUERIES
 from sync.queues.clock import Clock, SystemClock
+from sync.store.pooled import PooledStore
 from sync.store.retry import DEFAULT, RetryPolicy, is_connection_lost, is_transient
 from sync.store.rows import (
     ClaimedRun,
@@ -38,8 +38,6 @@ from sync.store.rows import (
     SliceRow,
     WorkerRow,
 )
-
-T = TypeVar("T")
 
 
 def _fence(lease: Lease) -> dict[str, Any]:
@@ -67,38 +65,26 @@ def _seal_params(seal: Seal) -> dict[str, Any]:
     }
 
 
-class RunStore:
+class RunStore(PooledStore):
     """The runs path's statements over a pool, on an injectable clock (the time the engine's
     own decisions are taken at; the statements use the database's ``now()``)."""
 
     def __init__(
         self, pool: Pool, *, clock: Clock | None = None, retry: RetryPolicy = DEFAULT
     ) -> None:
-        self.pool = pool
+        super().__init__(pool, retry=retry)
         self.clock: Clock = clock or SystemClock()
-        self.retry_policy = retry
 
     def now(self) -> datetime:
         return self.clock.now()
 
-    def _on_pool(self, call: Callable[[Connection], T], *, idempotent: bool) -> T:
-        def attempt() -> T:
-            with self.pool.connection() as conn:
-                return call(conn)
-
-        return self.retry_policy.run(attempt, idempotent=idempotent)
-
     # -- the API's: runs asked for, cancelled, retried, read ---------------------------------
 
-    def _run_or_none(
-        self, query: Any, params: dict[str, Any], conn: Connection | None
-    ) -> Run | None:
+    def _run_or_none(self, query: Any, params: dict[str, Any]) -> Run | None:
         def call(c: Connection) -> Run | None:
             row = c.execute(query, params).fetchone()
             return None if row is None else Run.from_row(row)
 
-        if conn is not None:
-            return call(conn)
         return self._on_pool(call, idempotent=False)
 
     def enqueue(
@@ -112,39 +98,35 @@ class RunStore:
             "trigger": trigger,
             "max_attempts": max_attempts,
         }
-        return self._run_or_none(QUERIES.enqueue_run, params, None)
+        return self._run_or_none(QUERIES.enqueue_run, params)
 
     def cancel(self, run_id: int, workspace_id: int | None) -> Run | None:
         """Cancel a queued sync at once, or ask a running one to stop; None: neither."""
         params = {"run_id": run_id, "workspace_id": workspace_id}
-        return self._run_or_none(QUERIES.cancel_run, params, None)
+        return self._run_or_none(QUERIES.cancel_run, params)
 
     def retry(self, run_id: int, workspace_id: int | None, max_attempts: int) -> Run | None:
         """Put a failed run back in the queue with ``max_attempts`` more; None: refused. The
         unique index raises ``UniqueViolation`` while its connection has another active run."""
         params = {"run_id": run_id, "workspace_id": workspace_id, "max_attempts": max_attempts}
-        return self._run_or_none(QUERIES.retry_run, params, None)
+        return self._run_or_none(QUERIES.retry_run, params)
 
     def delete_connection(
-        self,
-        connection_id: int,
-        workspace_id: int | None,
-        max_attempts: int,
-        *,
-        conn: Connection | None = None,
+        self, connection_id: int, workspace_id: int | None, max_attempts: int
     ) -> Run | None:
         """Mark a connection deleting and queue its purge (or return the purge pending); None:
-        no such connection. On ``conn`` when given (a workspace's delete, in one transaction)."""
+        no such connection. (A workspace's delete does the same for each of its connections,
+        in its transaction: :meth:`TenantStore.delete_workspace`.)"""
         params = {
             "connection_id": connection_id,
             "workspace_id": workspace_id,
             "max_attempts": max_attempts,
         }
-        return self._run_or_none(QUERIES.delete_connection, params, conn)
+        return self._run_or_none(QUERIES.delete_connection, params)
 
     def get_run(self, run_id: int, workspace_id: int | None) -> Run | None:
         params = {"run_id": run_id, "workspace_id": workspace_id}
-        return self._run_or_none(QUERIES.get_run, params, None)
+        return self._run_or_none(QUERIES.get_run, params)
 
     def list_runs(
         self,
@@ -173,6 +155,13 @@ class RunStore:
                 Attempt.from_row(r) for r in c.execute(QUERIES.list_attempts, params).fetchall()
             ],
             idempotent=False,
+        )
+
+    def make_due(self, run_id: int) -> bool:
+        """For tests (``sync.testing``): a run queued for a later retry or waiting for a rate
+        limit becomes due now, its rate budget free; False if the run was not waiting."""
+        return self._on_pool(
+            lambda c: c.execute(QUERIES.make_run_due, {"run_id": run_id}).fetchone() is not None
         )
 
     # -- the claim -------------------------------------------------------------------------
