@@ -671,7 +671,7 @@ def main() -> None:
             "CONNECTOR_SYNC_SECRET_KEYS": chaos.key,
             "CONNECTOR_SYNC_LANES": chaos_app.LANES,
         }
-        for name, value in chaos.settings().model_dump().items():
+        for name, value in chaos.settings().model_dump(exclude_unset=True).items():
             if name in ("database_url", "secret_keys", "home", "schema_name") or value is None:
                 continue
             env[f"CONNECTOR_SYNC_{name.upper()}"] = (
