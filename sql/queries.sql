@@ -27,8 +27,14 @@ SELECT * FROM enqueue_run_v3(%(connection_id)s, %(workspace_id)s, %(trigger)s, %
 -- in 0020_claimed_run.sql), in one round trip. The limiter's invariant and its
 -- re-check under the workspace lock are those of claim_run_v2(). `wakeable`: this worker
 -- listens on its own channel; an empty claim marks it idle so that one enqueue wakes it alone.
+-- Committed asynchronously: a claim lost in a crash of Postgres loses nothing (the run is
+-- queued again, and its worker's fenced writes fail); the first durable write of the run makes
+-- the claim durable too (see "Durability" in docs/architecture.md).
+WITH async AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+)
 SELECT r.*, x.*
-  FROM claim_run_v3(%(worker_id)s, %(lease)s, %(providers)s::text[], %(wakeable)s) r
+  FROM async, claim_run_v3(%(worker_id)s, %(lease)s, %(providers)s::text[], %(wakeable)s) r
   LEFT JOIN LATERAL claimed_run_extras_v1(r.connection_id) x ON true;
 
 -- name: renew_lease
@@ -98,22 +104,23 @@ UPDATE connections
 RETURNING *;
 
 -- name: finish_run
--- Seals a run (see finish_run_v3() in 0013_lane_parking.sql), waking one worker only if the
--- finish made a run claimable (the lane's next sync, a purge waiting for this run). Fenced: a
--- stale owner's finish matches nothing and returns false.
+-- Seals a run and writes its attempt's own counts on the attempt's history row (see
+-- finish_run_v4() in 0021_one_statement_finish.sql), waking one worker only if the finish made a
+-- run claimable (the lane's next sync, a purge waiting for this run). Fenced: a stale owner's
+-- finish matches nothing and returns false.
 SELECT f.id IS NOT NULL AS sealed
-  FROM finish_run_v3(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
-                     %(processed_units)s, %(disconnect)s) f;
+  FROM finish_run_v4(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(attempt_results)s,
+                     %(error)s, %(processed_units)s, %(disconnect)s) f;
 
 -- name: finish_and_claim
 -- The worker loop's one round trip between two runs: seals the run it just executed, then
--- claims the next (see finish_and_claim_v3()), waking another worker only for a run this one
+-- claims the next (see finish_and_claim_v4()), waking another worker only for a run this one
 -- did not take itself. Returns whether the finish sealed, and the claimed run (all NULL when
 -- there is none) with the same extras as claim_run (claimed_run_extras_v1()).
 SELECT f.sealed, (f.claimed).*, x.*
-  FROM finish_and_claim_v3(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s, %(error)s,
-                           %(processed_units)s, %(disconnect)s, %(worker_id)s, %(lease)s,
-                           %(providers)s::text[], %(wakeable)s) f
+  FROM finish_and_claim_v4(%(run_id)s, %(lease_owner)s, %(status)s, %(results)s,
+                           %(attempt_results)s, %(error)s, %(processed_units)s, %(disconnect)s,
+                           %(worker_id)s, %(lease)s, %(providers)s::text[], %(wakeable)s) f
   LEFT JOIN LATERAL claimed_run_extras_v1((f.claimed).connection_id) x ON true;
 
 -- name: requeue_run
@@ -227,13 +234,6 @@ WITH saved AS (
      WHERE lease_owner = %(lease_owner)s AND EXISTS (SELECT 1 FROM saved)
 )
 SELECT id FROM saved;
-
--- name: record_attempt_results
--- Sent with the finish in one round trip (finish_run writes the run's totals on the attempt's
--- history row too): puts the attempt's own counts there instead, once the attempt has ended. It
--- matches only the history row of this attempt (its lease owner is unique to it).
-UPDATE run_attempts SET results = %(attempt_results)s
- WHERE lease_owner = %(lease_owner)s AND finished_at IS NOT NULL;
 
 -- name: cancel_run
 -- A queued run is cancelled at once; a running one gets cancel_requested_at and its worker ends
@@ -434,13 +434,10 @@ SELECT table_name, partition, position, done, resync, pages, records, total, tot
   FROM run_checkpoints WHERE run_id = %(run_id)s;
 
 -- name: check_seen_keys
--- Whether the seen keys this run saved for a table are all still there: run_seen_keys is
--- unlogged, and a crash restart of Postgres empties it. `saved` is what the checkpoints counted
--- in the batches' own transactions; `present` what the table holds now.
-SELECT (SELECT coalesce(sum(seen), 0) FROM run_checkpoints
-         WHERE run_id = %(run_id)s AND table_name = %(table_name)s) AS saved,
-       (SELECT count(*) FROM run_seen_keys
-         WHERE run_id = %(run_id)s AND table_name = %(table_name)s) AS present;
+-- Whether the seen keys this run saved for a table are all still there (see
+-- seen_keys_intact_v1() in 0021_one_statement_finish.sql): run_seen_keys is unlogged, and a
+-- crash restart of Postgres empties it.
+SELECT seen_keys_intact_v1(%(run_id)s, %(table_name)s) AS intact;
 
 -- name: reset_table_checkpoints
 -- Forgets how far this run read a table (or one partition of it), so it is read again from its
@@ -535,35 +532,24 @@ SELECT * FROM unseen_rows_v2(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(t
                              %(partitions)s, %(after)s, %(limit)s);
 
 -- name: complete_table
--- The end of a table's tombstone pass: stamps each partition read completely in this run (in
--- complete_passes, so a partition that keeps failing holds back no other's periodic complete
--- pass), and last_full_sync_at when every partition was; drops the table's seen keys, which
--- nothing reads any more. Fenced.
-WITH fence AS (
-    SELECT id FROM connection_runs
-     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
-       FOR SHARE
-), passes AS (
-    SELECT coalesce(jsonb_object_agg(p, now()), '{}') AS read_whole
-      FROM unnest(%(partitions)s::text[]) p
-), stamped AS (
-    INSERT INTO table_state AS s (connection_id, table_name, last_full_sync_at, complete_passes)
-    SELECT %(connection_id)s, %(table_name)s, CASE WHEN %(stamp)s THEN now() END,
-           passes.read_whole
-      FROM fence, passes
-     WHERE %(stamp)s OR cardinality(%(partitions)s::text[]) > 0
-    ON CONFLICT (connection_id, table_name) DO UPDATE
-       SET last_full_sync_at = coalesce(EXCLUDED.last_full_sync_at, s.last_full_sync_at),
-           complete_passes = coalesce(s.complete_passes, '{}') || EXCLUDED.complete_passes,
-           updated_at = now()
-    RETURNING 1
-), keys AS (
-    DELETE FROM run_seen_keys
-     WHERE run_id = %(run_id)s AND table_name = %(table_name)s AND EXISTS (SELECT 1 FROM fence)
-    RETURNING 1
+-- The end of a table's tombstone pass, after its last step (see complete_table_v1() in
+-- 0021_one_statement_finish.sql): stamps each partition read completely in this run, and
+-- last_full_sync_at when every partition was; drops the table's seen keys. Fenced; committed
+-- asynchronously like every intermediate write of a run.
+WITH async AS (
+    SELECT set_config('synchronous_commit', 'off', true)
 )
-SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM stamped) AS stamped,
-       (SELECT count(*) FROM keys) AS cleared;
+SELECT complete_table_v1(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
+                         %(partitions)s::text[], %(stamp)s) AS fenced
+  FROM async;
+
+-- name: end_table
+-- The end of a table read completely in this run, in one round trip when its rows fit in one
+-- tombstone step (see end_table_v1() in 0021_one_statement_finish.sql): the seen-key check, the
+-- first tombstone step over `partitions` (NULL: the whole table), and the stamp of the complete
+-- passes of `whole` once that step reached the end. Fenced; never tombstones by lost seen keys.
+SELECT * FROM end_table_v1(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
+                           %(partitions)s, %(whole)s::text[], %(stamp)s, %(limit)s);
 
 -- name: save_cursor
 -- Saves an incremental table's cursor (one partition's, inside the table's cursor object, when

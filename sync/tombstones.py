@@ -55,23 +55,37 @@ class TombstonePass:
 
     def run(
         self, whole: list[str], *, every_partition: bool, confirm: Confirm | None
-    ) -> dict[str, int]:
+    ) -> dict[str, int] | None:
         """Tombstone the unseen rows of the slices read whole (``whole``: partitions, or ['']
         for a table read whole), and stamp their complete passes. When ``every_partition`` was
         read whole the pass covers the whole table (rows of partitions no longer listed too),
         and stamps the table's complete pass. Returns the rows tombstoned per partition (''
-        for a table read whole)."""
+        for a table read whole), or None, having written nothing, when the keys this run saw
+        of the table were lost (a crash restart of Postgres): the table must be read again."""
         partitions = None if every_partition else whole
+        stamped = [p for p in whole if p]
         if self._table.shifting:
+            if not self._writes.seen_keys_intact():
+                return None
             gone = self._confirmed(partitions, confirm)
         else:
-            gone = self._unconfirmed(partitions)
-        self._writes.complete_table(stamp=every_partition, partitions=[p for p in whole if p])
+            # The seen-key check, the first step and, when the table's rows fit in one step,
+            # the stamp, in one round trip.
+            self._abort.check()
+            end = self._writes.end_table(
+                partitions, whole=stamped, stamp=every_partition, limit=self._step
+            )
+            if not end.intact:
+                return None
+            gone = dict(end.tombstoned)
+            if end.completed:
+                return gone
+            _add(gone, self._unconfirmed(partitions, after=end.step.last_key or ""))
+        self._writes.complete_table(stamp=every_partition, partitions=stamped)
         return gone
 
-    def _unconfirmed(self, partitions: list[str] | None) -> dict[str, int]:
+    def _unconfirmed(self, partitions: list[str] | None, *, after: str) -> dict[str, int]:
         gone: dict[str, int] = {}
-        after = ""
         while True:
             self._abort.check()
             step = self._writes.tombstone_step(partitions, after, self._step)

@@ -147,6 +147,7 @@ class ClaimModel(RuleBasedStateMachine):
                     "lease_owner": run.owner,
                     "status": "succeeded",
                     "results": Jsonb({}),
+                    "attempt_results": Jsonb({}),
                     "disconnect": False,
                     "error": None,
                     "processed_units": None,

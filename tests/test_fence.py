@@ -42,12 +42,20 @@ FENCED = sorted(name for name, text in STATEMENTS.items() if "run_fence_v1" in t
 # finish's own UPDATE, not the lane trigger's).
 FENCED_IN_FUNCTIONS = {
     "finish_run": "SET status = p_status",
+    "complete_table": "SELECT 1 FROM connection_runs",
+    "end_table": "SELECT 1 FROM connection_runs",
     "tombstone_unseen": "SELECT 1 FROM connection_runs",
     "unseen_rows": "SELECT 1 FROM connection_runs",
 }
 
 # The version of the function each of those named statements calls.
-VERSIONS = {"finish_run": "v3", "tombstone_unseen": "v2", "unseen_rows": "v2"}
+VERSIONS = {
+    "finish_run": "v4",
+    "complete_table": "v1",
+    "end_table": "v1",
+    "tombstone_unseen": "v2",
+    "unseen_rows": "v2",
+}
 
 HISTORY = """
 INSERT INTO workspaces (name) VALUES ('ws');
@@ -94,7 +102,7 @@ def test_the_fence_is_written_once() -> None:
         "renew_lease", "read_run_control", "lock_credentials", "requeue_run",
         "wait_for_rate_limit", "hand_back_run", "save_results", "write_record_batch",
         "save_checkpoint", "reset_table_checkpoints", "tombstone_ids", "mark_missing",
-        "complete_table", "save_cursor", "purge_records_batch", "purge_connection_row",
+        "save_cursor", "purge_records_batch", "purge_connection_row",
         "store_response",
     }  # fmt: skip
     assert expected | {"queue_file_ingestions"} <= set(FENCED)
@@ -205,7 +213,15 @@ def test_the_fence_inside_the_versioned_functions_uses_the_primary_key(
     calls = {
         "finish_run": (
             "SELECT f.id IS NOT NULL AS sealed"
-            " FROM finish_run_v3(%s, %s, 'succeeded', '{}', NULL, NULL, false) f",
+            " FROM finish_run_v4(%s, %s, 'succeeded', '{}', '{}', NULL, NULL, false) f",
+            (run_id, owner),
+        ),
+        "complete_table": (
+            "SELECT complete_table_v1(%s, %s, 1, 'items', '{}', true) AS fenced",
+            (run_id, owner),
+        ),
+        "end_table": (
+            "SELECT * FROM end_table_v1(%s, %s, 1, 'items', NULL, '{}', true, 100)",
             (run_id, owner),
         ),
         "tombstone_unseen": (

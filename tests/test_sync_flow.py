@@ -368,14 +368,20 @@ def test_the_tombstone_pass_steps_by_the_setting(
     """``tombstone_step`` bounds each fenced step of the pass: seven stored rows, two a step,
     take four steps, and the pass still tombstones exactly what went."""
     steps: list[tuple[str, int]] = []
-    step = TableWrites.tombstone_step
+    step, end = TableWrites.tombstone_step, TableWrites.end_table
 
     def counted(self: TableWrites, partitions: Any, after: str, limit: int) -> Any:
         taken = step(self, partitions, after, limit)
         steps.append((after, taken.scanned))
         return taken
 
+    def counted_end(self: TableWrites, partitions: Any, **kwargs: Any) -> Any:
+        taken = end(self, partitions, **kwargs)  # the first step rides on the table's end
+        steps.append(("", taken.scanned))
+        return taken
+
     monkeypatch.setattr(TableWrites, "tombstone_step", counted)
+    monkeypatch.setattr(TableWrites, "end_table", counted_end)
     with Engine(make_settings(schema, tombstone_step=2)) as engine:
         engine.migrate()
         ws = engine.create_workspace("acme")

@@ -393,14 +393,6 @@ class SyncJob:
         whole = [n or "" for n, c in done.items() if c.resync]
         if not whole:
             return False
-        if not _seen_keys_intact(conn, run, table):
-            if last_round:
-                raise RetryableError(
-                    f"the keys table {table.name!r} saw were lost twice in one attempt (Postgres "
-                    "restarted?); it is read again in the next attempt"
-                )
-            self._restart_table(conn, run, table, checkpoints, progress, logger)
-            return True
         confirm = None
         if table.shifting:
 
@@ -411,6 +403,14 @@ class SyncJob:
         gone = TombstonePass(
             conn, run.lease, run.connection_id, table, abort, step=self._settings.tombstone_step
         ).run(whole, every_partition=len(whole) == len(names), confirm=confirm)
+        if gone is None:  # the seen keys were lost: nothing was tombstoned
+            if last_round:
+                raise RetryableError(
+                    f"the keys table {table.name!r} saw were lost twice in one attempt (Postgres "
+                    "restarted?); it is read again in the next attempt"
+                )
+            self._restart_table(conn, run, table, checkpoints, progress, logger)
+            return True
         slices.tombstoned(gone)
         return False
 
@@ -484,7 +484,7 @@ class SyncJob:
 
 def _seen_keys_intact(conn: Connection, run: ClaimedRun, table: Table) -> bool:
     assert run.connection_id is not None
-    return TableWrites(conn, run.lease, run.connection_id, table.name).seen_keys_intact(run.id)
+    return TableWrites(conn, run.lease, run.connection_id, table.name).seen_keys_intact()
 
 
 class _SliceResults:

@@ -18,7 +18,7 @@ from sync.db import Connection
 from sync.errors import LeaseLost
 from sync.queries import QUERIES
 from sync.store.retry import DEFAULT, RetryPolicy
-from sync.store.rows import BatchWritten, Lease, TombstoneStep, UnseenStep
+from sync.store.rows import BatchWritten, Lease, TableEnd, TombstoneStep, UnseenStep
 
 
 @dataclass(frozen=True)
@@ -151,15 +151,26 @@ class TableWrites:
         row = self._fenced(QUERIES.unseen_rows, partitions=partitions, after=after, limit=limit)
         return UnseenStep.from_row(row)
 
+    def end_table(
+        self, partitions: list[str] | None, *, whole: list[str], stamp: bool, limit: int
+    ) -> TableEnd:
+        """The end of a table read completely, in one round trip when its rows fit in one step:
+        the seen-key check, the first tombstone step over ``partitions`` (None: the whole
+        table) and, once that step reached the end, :meth:`complete_table`."""
+        row = self._fenced(
+            QUERIES.end_table, partitions=partitions, whole=whole, stamp=stamp, limit=limit
+        )
+        return TableEnd.from_row(row)
+
     def complete_table(self, *, stamp: bool, partitions: list[str]) -> None:
         """The end of the tombstone pass: stamp the complete pass of each partition read whole
         (and of the table when ``stamp``: every partition was), drop the seen keys."""
         self._fenced(QUERIES.complete_table, stamp=stamp, partitions=partitions)
 
-    def seen_keys_intact(self, run_id: int) -> bool:
+    def seen_keys_intact(self) -> bool:
         """Whether every seen key this run saved for the table is still there (a crash restart
         of Postgres empties the unlogged run_seen_keys)."""
         row = self._conn.execute(
-            QUERIES.check_seen_keys, {"run_id": run_id, "table_name": self._table_name}
+            QUERIES.check_seen_keys, {"run_id": self._lease.id, "table_name": self._table_name}
         ).fetchone()
-        return row is not None and row["present"] >= row["saved"]
+        return row is not None and bool(row["intact"])

@@ -23,7 +23,19 @@ class _FromRow:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Self:
         """The fields of this row type, taken by name from a row with perhaps more columns."""
-        return cls(**{f.name: row[f.name] for f in fields(cls)})  # type: ignore[arg-type]
+        return cls(**{name: row[name] for name in _field_names(cls)})
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    # Read once per class: dataclasses.fields() walks the class on every call, and a claimed
+    # run is built from a row between every two runs.
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
 
 
 @dataclass(frozen=True)
@@ -102,6 +114,23 @@ class TombstoneStep(_FromRow):
     last_key: str | None
     scanned: int
     tombstoned: dict[str, int]
+
+
+@dataclass(frozen=True)
+class TableEnd(_FromRow):
+    """The end of a table read completely (``TableWrites.end_table``): whether its seen keys
+    were intact (nothing was written when not), the first tombstone step, and whether that
+    step reached the end of the table's rows and the complete passes were stamped."""
+
+    intact: bool
+    last_key: str | None
+    scanned: int
+    tombstoned: dict[str, int]
+    completed: bool
+
+    @property
+    def step(self) -> TombstoneStep:
+        return TombstoneStep(self.last_key, self.scanned, self.tombstoned)
 
 
 @dataclass(frozen=True)

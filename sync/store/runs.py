@@ -316,9 +316,8 @@ class RunStore(PooledStore):
     # -- the outcomes ----------------------------------------------------------------------
 
     def finish(self, seal: Seal) -> bool:
-        """Seal the run; False: the lease was lost first. The finish writes the run's totals
-        on the attempt's history row too; the attempt's own counts follow in the same round
-        trip."""
+        """Seal the run; False: the lease was lost first. One statement seals the run with its
+        totals and the attempt's history row with the attempt's own counts."""
         return self._on_pool(lambda conn: self._finish(conn, seal, None)[0], idempotent=True)
 
     def finish_and_claim(self, seal: Seal, terms: ClaimTerms) -> tuple[bool, ClaimedRun | None]:
@@ -338,13 +337,10 @@ class RunStore(PooledStore):
         conn: Connection, seal: Seal, terms: ClaimTerms | None
     ) -> tuple[bool, ClaimedRun | None]:
         params = _seal_params(seal)
-        with conn.pipeline():
-            if terms is not None:
-                cursor = conn.execute(QUERIES.finish_and_claim, {**params, **_claim_params(terms)})
-            else:
-                cursor = conn.execute(QUERIES.finish_run, params)
-            conn.execute(QUERIES.record_attempt_results, params)
-        row = cursor.fetchone()
+        if terms is not None:
+            params |= _claim_params(terms)
+        query = QUERIES.finish_run if terms is None else QUERIES.finish_and_claim
+        row = conn.execute(query, params).fetchone()
         if row is None:
             return False, None
         claimed = ClaimedRun.from_row(row) if terms is not None and row["id"] is not None else None
