@@ -122,14 +122,34 @@ def _lock(conn: psycopg.Connection[Any], schema: str) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_lock_key(schema),))
 
 
-def _migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
+def _bootstrap(conn: psycopg.Connection[Any], schema: str) -> dict[int, dict[str, Any]]:
+    """Create the schema and its ``schema_migrations`` table if missing; return what is applied.
+
+    Taking an advisory lock does not make Postgres read the catalog changes other transactions
+    committed while it waited (only relation locks and a transaction's start do). A server
+    connection that had already looked the schema up and found it absent (another client's
+    search path, behind a pooler) can therefore run CREATE SCHEMA IF NOT EXISTS on a stale
+    "absent" after the process it waited for created the schema, and fail with a unique
+    violation. The next transaction starts by reading those changes, so one retry settles it."""
+    try:
+        return _bootstrap_once(conn, schema)
+    except (psycopg.errors.UniqueViolation, psycopg.errors.InvalidSchemaName):
+        return _bootstrap_once(conn, schema)
+
+
+def _bootstrap_once(conn: psycopg.Connection[Any], schema: str) -> dict[int, dict[str, Any]]:
     ident = sql.Identifier(schema)
-    migrations = shipped()
     with conn.transaction():
         _lock(conn, schema)
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
         conn.execute(sql.SQL(cast(LiteralString, _BOOTSTRAP)).format(schema=ident))
-        applied = _applied(conn, schema) or {}
+        return _applied(conn, schema) or {}
+
+
+def _migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
+    ident = sql.Identifier(schema)
+    migrations = shipped()
+    applied = _bootstrap(conn, schema)
     _verify_checksums(applied, migrations)
     done = []
     for m in migrations:

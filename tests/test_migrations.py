@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,9 @@ import psycopg
 import pytest
 
 from sync import Engine, MigrationError, SchemaBehind
-from sync.migrations import REWORDED, shipped
-from tests.conftest import DATABASE_URL, make_settings
+from sync.migrations import REWORDED, _lock_key, migrate, shipped
+from tests.conftest import DATABASE_URL, DIRECT_URL, make_settings
+from tests.waiting import wait_until_blocked
 
 
 def test_migrate_is_idempotent_and_records_checksums(schema: str, admin: Any) -> None:
@@ -130,3 +132,36 @@ def test_grant_gives_data_rights_and_no_ddl(schema: str, runtime_role: str) -> N
                     db.execute(ddl)
         with pytest.raises(MigrationError):
             engine.migrate()
+
+
+def test_a_migrate_that_waited_while_another_created_the_schema_goes_on(schema: str) -> None:
+    """The migrate that waits on the lock began its transaction before the other one committed
+    the schema, on a server connection that had looked the schema up while it did not exist
+    (behind a pooler, another client's search path does) and had checked a CREATE SCHEMA's
+    rights before. Taking an advisory lock does not make Postgres read the catalog changes
+    committed meanwhile, so its CREATE SCHEMA IF NOT EXISTS tried to create the schema again."""
+    with (
+        psycopg.connect(DIRECT_URL, autocommit=True, application_name=f"connector-sync/{schema}")
+        as waiter,
+        psycopg.connect(DIRECT_URL, autocommit=True) as holder,
+    ):
+        waiter.execute("CREATE SCHEMA IF NOT EXISTS public")
+        assert waiter.execute("SELECT to_regnamespace(%s)", (schema,)).fetchone() == (None,)
+        holder.execute("BEGIN")
+        holder.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_lock_key(schema),))
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["applied"] = migrate(waiter, schema)
+            except Exception as exc:  # reported by the assertion below
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        wait_until_blocked(schema)
+        holder.execute(f"CREATE SCHEMA {schema}")
+        holder.execute("COMMIT")
+        thread.join()
+    assert "error" not in outcome, outcome
+    assert [m.version for m in outcome["applied"]] == [m.version for m in shipped()]
