@@ -141,8 +141,9 @@ def test_a_migrate_that_waited_while_another_created_the_schema_goes_on(schema: 
     rights before. Taking an advisory lock does not make Postgres read the catalog changes
     committed meanwhile, so its CREATE SCHEMA IF NOT EXISTS tried to create the schema again."""
     with (
-        psycopg.connect(DIRECT_URL, autocommit=True, application_name=f"connector-sync/{schema}")
-        as waiter,
+        psycopg.connect(
+            DIRECT_URL, autocommit=True, application_name=f"connector-sync/{schema}"
+        ) as waiter,
         psycopg.connect(DIRECT_URL, autocommit=True) as holder,
     ):
         waiter.execute("CREATE SCHEMA IF NOT EXISTS public")
