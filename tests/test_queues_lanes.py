@@ -189,6 +189,31 @@ def test_an_exclusive_queue_claims_one_job_at_a_time(
     assert claims >= 3  # one claim per job: never a batch
 
 
+def test_a_standard_queue_claims_the_jobs_for_its_idle_lanes_in_one_batch(
+    engine: Engine, keeper: tuple[LeaseKeeper, Ticks]
+) -> None:
+    queues = PostgresQueues(engine.pool)
+    queues.declare_queue(queue_spec("docs.ingest"))
+    blocker = Blocker(engine)
+    queues.register("docs.ingest", blocker)
+    ids = [queues.send("docs.ingest", {"doc": n}) for n in range(3)]
+    lanes = Lanes(queues, {"docs.ingest": 3}, keeper[0], engine.settings)
+    lanes.start()
+    try:
+        blocker.wait_inside(3)
+        started = {queues.get_job(i).started_at for i in ids}
+        blocker.release.set()
+        until(
+            lambda: all(queues.get_job(i).status is JobStatus.COMPLETED for i in ids),
+            lanes.completions.flushed,
+        )
+    finally:
+        blocker.release.set()
+        lanes.stop()
+    # One claim statement took all three: they share its transaction's now().
+    assert len(started) == 1, started
+
+
 def _spawn(schema: str, worker_id: str, lease: float) -> subprocess.Popen[str]:
     env = {
         **os.environ,
