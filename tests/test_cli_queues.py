@@ -4,6 +4,8 @@ tables fit 80 columns."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sync.queues import JobStatus
@@ -98,3 +100,22 @@ def test_queues_and_jobs_from_the_command_line(cli: Cli, backend: Backend) -> No
     cli("jobs", "cancel", str(keyed)).ok()
     cli("queues", "delete", "docs.sync").ok()
     assert "docs.sync" not in {q["name"] for q in cli("queues", "--json").json()}
+
+
+@pytest.mark.slow
+def test_twenty_concurrent_sends_of_one_key_from_the_command_line_report_one_job(
+    cli: Cli, backend: Backend
+) -> None:
+    cli("queues", "create", "sources.sync", "--policy", "exclusive").ok()
+    senders = [
+        cli.script("jobs", "send", "sources.sync", "--key", "source-7", "--json") for _ in range(20)
+    ]
+    ids = []
+    for sender in senders:
+        out, err = sender.communicate(timeout=120)
+        assert sender.returncode == 0, err
+        ids.append(json.loads(out)["id"])
+    assert len(set(ids)) == 1, ids
+    assert [j["id"] for j in cli("jobs", "list", "--queue", "sources.sync", "--json").json()] == [
+        ids[0]
+    ]
