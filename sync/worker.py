@@ -91,7 +91,8 @@ class Listener:
         self._on_job = on_job
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self._conn: psycopg.Connection[Any] | None = None
+        # A second handle on the LISTEN session's socket, for stop() to shut it down with.
+        self._socket: socket.socket | None = None
         self.connected = threading.Event()
         self.failures = 0
         self.lost = TestSignal()  # emitted each time the connection is lost
@@ -105,10 +106,14 @@ class Listener:
 
     def stop(self) -> None:
         self._stopping.set()
-        conn = self._conn
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.cancel_safe(timeout=2)
+        # The session waits for a notification with no statement running, so a cancel request
+        # would not end the wait (only the next liveness check would, seconds later): shutting
+        # its socket down ends it at once. The handle is a duplicate the loop owns, so its
+        # number can never name another connection's socket meanwhile.
+        handle = self._socket
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                handle.shutdown(socket.SHUT_RDWR)
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -121,7 +126,9 @@ class Listener:
         while not self._stopping.is_set():
             try:
                 with connect_listener(self._settings, self._url) as conn:
-                    self._conn = conn
+                    self._socket = socket.socket(fileno=os.dup(conn.pgconn.socket))
+                    if self._stopping.is_set():
+                        return
                     # The listener's own statements stay here rather than in a store: they run
                     # on this dedicated session (not the pool's, and past any transaction
                     # pooler), which has no search_path of the engine's, so the names are
@@ -173,7 +180,9 @@ class Listener:
                 self._stopping.wait(delay)
                 delay = min(delay * 2, self._settings.max_backoff)
             finally:
-                self._conn = None
+                handle, self._socket = self._socket, None
+                if handle is not None:
+                    handle.close()
 
 
 class Worker:
