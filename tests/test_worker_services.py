@@ -52,7 +52,6 @@ def test_listen_wakes_the_worker_and_resubscribes_after_a_drop(engine: Engine, a
     assert not listener.alive
 
 
-
 def test_stop_ends_a_listener_waiting_for_a_notification(engine: Engine) -> None:
     """stop() ends the wait at once, not at the next liveness check (ten minutes here): a
     cancel request does not reach a session waiting with no statement running."""
@@ -67,6 +66,7 @@ def test_stop_ends_a_listener_waiting_for_a_notification(engine: Engine) -> None
         listener.stop()
     assert not listener.alive
     assert listener.failures == 0
+
 
 def test_a_failing_stage_skips_no_other(engine: Engine) -> None:
     key, _ = new_dataset(items=items(1))
