@@ -7,8 +7,8 @@ never spend one single-use refresh token and a rotated token is never lost.
 The token endpoint is a provider like any other. A 429 or 503 from it is a rate limit (its
 Retry-After wins) and a 5xx or a network error is retryable: neither says anything about the
 credentials. Only a refusal of the grant or of the client (``invalid_grant``,
-``invalid_client``, ``unauthorized_client``) means they must be given again, and disconnects the
-connection. An access token the API refused (a 401) is marked unusable before the refresh, so
+``invalid_client``, ``unauthorized_client``, or a 401 without a code: the client's
+authentication failed) means they must be given again, and disconnects the connection. An access token the API refused (a 401) is marked unusable before the refresh, so
 that if the refresh fails the next attempt refreshes first instead of sending it again.
 """
 
@@ -208,8 +208,9 @@ def check_token_response(response: httpx.Response) -> httpx.Response:
 
 def token_error(code: str | None, status: int | None) -> Exception:
     """The connector error for a token endpoint's refusal (pure): only a refused grant or
-    client disconnects; any other error is the request's own fault, permanent for this run."""
+    client disconnects (a 401 says the client's authentication failed, also without a code);
+    any other error is the request's own fault, permanent for this run."""
     said = f"{code}" if status is None else f"{status} {code or 'without an error code'}"
-    if code in REFUSALS:
+    if code in REFUSALS or (status == 401 and not code):
         return AuthError(f"the token endpoint refused the credentials ({said}); authorize again")
     return PermanentError(f"the token endpoint refused the request ({said})")

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import respx
 
+from connectors.errors import AuthError, ConnectorError, PermanentError, RetryableError
 from connectors.msgraph import GraphDriveConfig, GraphDriveConnector
 from connectors.testing import FakeContext, read_table
 from sync import Engine
@@ -78,6 +79,57 @@ def test_a_throttled_token_endpoint_is_waited_for_inside_the_run(
     # The second token request came only after the wait the endpoint asked for.
     assert order == ["token", f"sleep {wait}", "token"]
     assert context.rate_limits == []  # short: slept inside the run, no one else held back
+
+
+# What Microsoft's identity platform answers a token request it will not grant (RFC 6749
+# section 5.2: a failed client authentication may be a 401), and what the run makes of it.
+AADSTS = "AADSTS7000215: Invalid client secret provided."
+REFUSED_ANSWERS = {
+    "invalid_client 401": (
+        lambda: json_response({"error": "invalid_client", "error_description": AADSTS}, 401),
+        AuthError,
+    ),
+    "unauthorized_client 400": (
+        lambda: json_response(
+            {
+                "error": "unauthorized_client",
+                "error_description": "AADSTS700016: Application with identifier '6731de76' "
+                "was not found in the directory 'contoso'.",
+            },
+            400,
+        ),
+        AuthError,
+    ),
+    "401 without a body": (lambda: httpx.Response(401), AuthError),
+    "invalid_scope 400": (
+        lambda: json_response(
+            {"error": "invalid_scope", "error_description": "AADSTS70011: The scope is invalid."},
+            400,
+        ),
+        PermanentError,
+    ),
+    "500": (lambda: httpx.Response(500, text="<html>Server Error</html>"), RetryableError),
+    "network error": (httpx.ConnectError("connection refused"), RetryableError),
+}
+
+
+@pytest.mark.parametrize("answer", list(REFUSED_ANSWERS), ids=list(REFUSED_ANSWERS))
+def test_a_refused_client_disconnects_and_any_other_failure_does_not(
+    respx_mock: respx.MockRouter, answer: str
+) -> None:
+    reply, expected = REFUSED_ANSWERS[answer]
+    route = respx_mock.post(TOKEN_URL)
+    if isinstance(reply, Exception):
+        route.mock(side_effect=reply)
+    else:
+        route.mock(return_value=reply())
+    context = FakeContext(
+        config=GraphDriveConfig(tenant_id=TENANT, drive_id=DRIVE), credentials=dict(CLIENT)
+    )
+    with pytest.raises(ConnectorError) as raised:
+        read_table(GraphDriveConnector(context), "drive_items")
+    assert type(raised.value) is expected, raised.value
+    assert CLIENT["client_secret"] not in str(raised.value)
 
 
 def test_a_long_throttle_waits_in_the_queue_and_the_connection_stays_active(
