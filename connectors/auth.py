@@ -8,8 +8,9 @@ The token endpoint is a provider like any other. A 429 or 503 from it is a rate 
 Retry-After wins) and a 5xx or a network error is retryable: neither says anything about the
 credentials. Only a refusal of the grant or of the client (``invalid_grant``,
 ``invalid_client``, ``unauthorized_client``, or a 401 without a code: the client's
-authentication failed) means they must be given again, and disconnects the connection. An access token the API refused (a 401) is marked unusable before the refresh, so
-that if the refresh fails the next attempt refreshes first instead of sending it again.
+authentication failed) means they must be given again, and disconnects the connection. An
+access token the API refused (a 401) is marked unusable before the refresh, so that if the
+refresh fails the next attempt refreshes first instead of sending it again.
 """
 
 from __future__ import annotations

@@ -49,6 +49,11 @@ class RequestContext(Protocol):
         """Sleep, waking early (and raising ``Aborted``) if the run is aborted."""
         ...
 
+    def rate_limit_slept(self, seconds: float) -> None:
+        """A rate-limit wait of ``seconds`` was slept inside the job (counted in the worker's
+        metrics; a wait in the queue is counted when the attempt ends)."""
+        ...
+
     @property
     def max_inline_wait(self) -> float:
         """The longest rate-limit wait to sleep inside the run; longer ones requeue it."""

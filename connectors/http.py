@@ -330,7 +330,7 @@ class HttpClient:
                 ):
                     inline_waits += 1
                     self._context.logger.info("%s rate limited; waiting %.1f s", where, wait)
-                    self._context.sleep(wait)
+                    self._rate_limit_sleep(wait)
                     continue
                 if wait is not None:
                     self._context.report_rate_limit(
@@ -374,8 +374,12 @@ class HttpClient:
                 self._context.report_rate_limit(_now() + timedelta(seconds=wait), limited.message)
             return False
         self._context.logger.info("%s; waiting %.1f s", limited.message, wait)
-        self._context.sleep(wait)
+        self._rate_limit_sleep(wait)
         return True
+
+    def _rate_limit_sleep(self, wait: float) -> None:
+        self._context.sleep(wait)
+        self._context.rate_limit_slept(wait)
 
     def _respect_budget(self) -> None:
         """Wait for (or give the attempt up to) a rate budget another run found exhausted."""
@@ -387,7 +391,7 @@ class HttpClient:
         if wait <= 0:
             return
         if wait <= self._max_inline_wait:
-            self._context.sleep(wait)
+            self._rate_limit_sleep(wait)
             return
         raise RateLimited(f"the shared rate budget is exhausted until {until:%H:%M:%S} UTC", wait)
 

@@ -29,6 +29,7 @@ class FakeContext:
     max_inline_wait: float = 30.0
     aborted: bool = False
     slept: list[float] = field(default_factory=list)
+    rate_limit_waits: list[float] = field(default_factory=list)  # slept inside the run
     refreshes: int = 0
     rate_limits: list[tuple[datetime, str]] = field(default_factory=list)
     blocked_until: datetime | None = None
@@ -58,6 +59,9 @@ class FakeContext:
     def sleep(self, seconds: float) -> None:
         self.check_abort()
         self.slept.append(seconds)
+
+    def rate_limit_slept(self, seconds: float) -> None:
+        self.rate_limit_waits.append(seconds)
 
     def refresh_credentials(
         self, refresh: Callable[[Mapping[str, Any]], Mapping[str, Any]]

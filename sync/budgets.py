@@ -35,6 +35,10 @@ class BudgetView:
 
     def __init__(self) -> None:
         self.until: datetime | None = None
+        self.waits_slept: list[float] = []  # rate-limit waits slept inside this attempt
+
+    def slept(self, seconds: float) -> None:
+        self.waits_slept.append(seconds)
 
     def learn(self, control: Control) -> None:
         """What a control read says of the budget: a block only ever gets longer."""

@@ -82,7 +82,9 @@ class Executor:
             self.current = None
             if self._metrics is not None:
                 elapsed = time.monotonic() - started
-                self._metrics.attempt_ended(run.kind, run.provider, outcome, elapsed, attempt)
+                self._metrics.attempt_ended(
+                    run.kind, run.provider, outcome, elapsed, attempt, budget.waits_slept
+                )
             ended = outcome_label(outcome)
             failed = ended in ("failed", "error", "requeue")
             tracing.end(

@@ -12,7 +12,7 @@ database, at the operator page's ``/metrics``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
@@ -80,15 +80,15 @@ class WorkerMetrics:
         )
         self.rate_limit_waits = Counter(
             f"{PREFIX}_rate_limit_waits",
-            "Attempts that ended because the provider's rate limit was spent: the run waits "
-            "in the queue until it resets",
-            ["provider"],
+            "Waits for a spent rate limit: slept inside the run (where=inline), or ending the "
+            "attempt while the run waits in the queue until it resets (where=queue)",
+            ["provider", "where"],
             registry=r,
         )
         self.rate_limit_wait_seconds = Counter(
             f"{PREFIX}_rate_limit_wait_seconds",
-            "Seconds the runs that waited for a rate limit were told to wait",
-            ["provider"],
+            "Seconds of those waits: slept inside the run, or that the run was told to wait",
+            ["provider", "where"],
             registry=r,
         )
 
@@ -99,8 +99,10 @@ class WorkerMetrics:
         outcome: Outcome | None,
         seconds: float,
         tables: Mapping[str, TableResult],
+        waits_slept: Sequence[float] = (),
     ) -> None:
-        """An attempt of a run ended: its duration, its records, a rate-limit wait."""
+        """An attempt of a run ended: its duration, its records, its rate-limit waits (those
+        ``waits_slept`` inside it, and the one it ends with)."""
         self.run_seconds.labels(kind, provider, outcome_label(outcome)).observe(seconds)
         if tables:
             for name, value in (
@@ -109,9 +111,12 @@ class WorkerMetrics:
                 ("tombstoned", sum(t.tombstoned for t in tables.values())),
             ):
                 self.records.labels(provider, name).inc(value)
+        for seconds in waits_slept:
+            self.rate_limit_waits.labels(provider, "inline").inc()
+            self.rate_limit_wait_seconds.labels(provider, "inline").inc(seconds)
         if outcome is not None and outcome.action is Action.WAIT:
-            self.rate_limit_waits.labels(provider).inc()
-            self.rate_limit_wait_seconds.labels(provider).inc(outcome.delay or 0.0)
+            self.rate_limit_waits.labels(provider, "queue").inc()
+            self.rate_limit_wait_seconds.labels(provider, "queue").inc(outcome.delay or 0.0)
 
     def watch(self, read: Callable[[], Iterator[CounterMetricFamily]]) -> None:
         """Export figures another object keeps (the lease keeper's losses), read at scrape

@@ -30,6 +30,8 @@ class Dataset:
     before_row: dict[str, Callable[[int], None]] = field(default_factory=dict)
     deletions: dict[str, list[str]] = field(default_factory=dict)
     reads: list[str] = field(default_factory=list)
+    # table -> seconds of a rate-limit wait slept before its first row, as the HTTP client does
+    rate_limit_sleeps: dict[str, float] = field(default_factory=dict)
 
 
 DATASETS: dict[str, Dataset] = {}
@@ -55,6 +57,10 @@ class MemoryConnector(Connector[MemoryConfig]):
         rows = list(dataset.tables.get(table.name, []))
         failure = dataset.failures.get(table.name)
         hook = dataset.before_row.get(table.name)
+        wait = dataset.rate_limit_sleeps.get(table.name)
+        if wait is not None:
+            self.context.sleep(wait)
+            self.context.rate_limit_slept(wait)
         page: list[Any] = []
         for index, row in enumerate(rows):
             if failure is not None and index == failure[0]:

@@ -52,6 +52,7 @@ def test_transient_faults_are_retried_in_request(
     assert client.get_json("/items") == [1]
     assert route.call_count == 4
     assert len(context.slept) == 3 and all(0 <= s <= 4 for s in context.slept)
+    assert context.rate_limit_waits == []  # backoffs, not rate-limit waits
     assert route.calls.last.request.headers["authorization"] == "Bearer tok-123456"
 
 
@@ -74,6 +75,7 @@ def test_a_short_retry_after_is_slept_in_the_run(
     )
     assert client.get_json("/items") == {"ok": 1}
     assert context.slept == [7.0]
+    assert context.rate_limit_waits == [7.0]  # counted as a rate-limit wait, not a backoff
     assert context.rate_limits == []
 
 
@@ -214,6 +216,7 @@ def test_a_spent_shared_budget_waits_or_ends_the_attempt(
     with HttpClient(context, base_url=BASE) as http:
         http.get("/items")
         assert len(context.slept) == 1 and 8 < context.slept[0] <= 10
+        assert context.rate_limit_waits == context.slept
         context.blocked_until = datetime.now(UTC) + timedelta(hours=1)
         with pytest.raises(RateLimited, match="shared rate budget"):
             http.get("/items")

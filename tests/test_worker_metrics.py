@@ -52,6 +52,7 @@ def test_a_workers_registry_matches_what_its_runs_did(engine: Engine) -> None:
         key, data = new_dataset(items=items(*range(rows)))
         if failure is not None:
             data.failures["items"] = (0, failure)
+        data.rate_limit_sleeps["items"] = 0.0  # a Retry-After: 0 slept inside the run
         return engine.create_connection(ws.id, name, "memory", config={"dataset": key}).id
 
     ok = connection("ok", 7)
@@ -95,9 +96,15 @@ def test_a_workers_registry_matches_what_its_runs_did(engine: Engine) -> None:
     assert of(samples, claims, result="claimed") == attempts
     assert of(samples, claims, result="empty") >= 1
 
-    assert of(samples, "connector_sync_worker_rate_limit_waits_total", provider="memory") == 1
-    wait = of(samples, "connector_sync_worker_rate_limit_wait_seconds_total", provider="memory")
-    assert 60 <= wait <= 120
+    waits, seconds = (
+        "connector_sync_worker_rate_limit_waits_total",
+        "connector_sync_worker_rate_limit_wait_seconds_total",
+    )
+    assert of(samples, waits, provider="memory", where="queue") == 1
+    assert 60 <= of(samples, seconds, provider="memory", where="queue") <= 120
+    # Every attempt that read the items table slept one wait inside the run first.
+    assert of(samples, waits, provider="memory", where="inline") == attempts
+    assert of(samples, seconds, provider="memory", where="inline") == 0
     for kind in ("run", "job", "ingestion"):
         assert of(samples, "connector_sync_worker_lease_losses_total", kind=kind) == 0
     worker.close()

@@ -90,6 +90,9 @@ class StandaloneContext:
     def sleep(self, seconds: float) -> None:
         self._sleep(seconds)
 
+    def rate_limit_slept(self, seconds: float) -> None:
+        return None
+
     def report_rate_limit(self, until: datetime, reason: str) -> None:
         self.logger.warning("embeddings endpoint rate limited until %s (%s)", until, reason)
 

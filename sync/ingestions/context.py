@@ -108,6 +108,9 @@ class EndpointContext:
         stopper.abort.wait(seconds)
         stopper.check()
 
+    def rate_limit_slept(self, seconds: float) -> None:
+        return None  # ingestions export no rate-limit figures
+
     def report_rate_limit(self, until: datetime, reason: str) -> None:
         if self._blocked_until is None or until > self._blocked_until:
             self._blocked_until = until
@@ -227,6 +230,9 @@ class IngestionContext:
                 self._logger.info("credentials refreshed and saved")
         self._credentials = fresh
         return fresh
+
+    def rate_limit_slept(self, seconds: float) -> None:
+        return None  # ingestions export no rate-limit figures
 
     def report_rate_limit(self, until: datetime, reason: str) -> None:
         if self._blocked_until is None or until > self._blocked_until:

@@ -133,6 +133,9 @@ class RunContext:
         self._credentials = fresh
         return fresh
 
+    def rate_limit_slept(self, seconds: float) -> None:
+        self._budget.slept(seconds)
+
     def report_rate_limit(self, until: datetime, reason: str) -> None:
         key = self._run.budget_key
         self._budget.spent_until(until)

@@ -78,6 +78,7 @@ def test_a_throttled_token_endpoint_is_waited_for_inside_the_run(
     assert items  # the enumeration went on
     # The second token request came only after the wait the endpoint asked for.
     assert order == ["token", f"sleep {wait}", "token"]
+    assert context.rate_limit_waits == [wait]
     assert context.rate_limits == []  # short: slept inside the run, no one else held back
 
 
