@@ -69,11 +69,11 @@ SELECT job_id, attempt, queue, started_at, finished_at, outcome, error
  ORDER BY seq NULLS LAST;
 
 -- name: claim_jobs
--- Invariants in claim_jobs_v1: one claim per job, a fencing token per attempt, an expired
+-- Invariants in claim_jobs_v2: one claim per job, a fencing token per attempt, an expired
 -- attempt taken back by the claim itself. The queue's retry terms come along, so the end of
 -- the attempt is decided with the declaration it ran under.
 SELECT c.*, q.retry_limit, q.retry_delay, q.retry_ceiling, q.expire
-  FROM claim_jobs_v1(%(queues)s::text[], %(limit)s, %(lease)s, %(now)s::timestamptz) c
+  FROM claim_jobs_v2(%(queues)s::text[], %(limit)s, %(lease)s, %(now)s::timestamptz) c
   JOIN job_queues q ON q.name = c.origin_queue;
 
 -- name: complete_attempt

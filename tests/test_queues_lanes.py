@@ -147,7 +147,7 @@ def test_full_lanes_with_slow_handlers_never_miss_a_renewal(
         ).fetchone()["n"]
         # Another worker's claim (on a connection of its own) finds nothing to take back.
         taken = admin.execute(
-            "SELECT id FROM claim_jobs_v1(ARRAY['docs.slow'], 10, 3.0, NULL)"
+            "SELECT id FROM claim_jobs_v2(ARRAY['docs.slow'], 10, 3.0, NULL)"
         ).fetchall()
         blocker.release.set()
         until(

@@ -77,7 +77,7 @@ def test_the_claim_reads_its_partial_indexes_with_100k_finished_jobs(
     admin.execute("ANALYZE job_queues, jobs")
     admin.execute(BACKLOG)
     row, plans = explained(
-        admin, "SELECT id FROM claim_jobs_v1(ARRAY['docs.ingest'], 10, 60, NULL)"
+        admin, "SELECT id FROM claim_jobs_v2(ARRAY['docs.ingest'], 10, 60, NULL)"
     )
     assert row is not None
     locking = [p for p in plans if "SKIP LOCKED" in p["Query Text"]]
@@ -89,6 +89,10 @@ def test_the_claim_reads_its_partial_indexes_with_100k_finished_jobs(
         # Neither the finished history, nor the other queue's backlog, nor this queue's backlog
         # past the limit is read.
         assert sum(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in scans) <= 10
+        # The generic plan, from the first call on: its conditions name the parameters ($n)
+        # where a plan made for one call's values would show the values.
+        conditions = " ".join(n.get("Index Cond", "") for n in scans)
+        assert "$" in conditions and "docs.ingest" not in conditions, conditions
 
 
 def test_every_statement_of_the_queues_prepares(engine: Engine, admin: Any) -> None:
