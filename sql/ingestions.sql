@@ -1,8 +1,10 @@
 -- Named statements of ingestions (sync/ingestions/store.py), in the format of queries.sql. An
 -- ingestion's writes are fenced by its lease owner: each statement re-checks, on the ingestion
--- row, the owner, status 'running' and a live lease, and locks the row until commit, so no
--- claim can slip between the check and the write. An archive expansion has no lease; its
--- writes are guarded by the processing_since its claim stamped instead.
+-- row, the owner, status 'running' and a live lease, written once as ingestion_fence_v1
+-- (0023_job_and_ingestion_fences.sql), and locks the row until commit, so no claim can slip
+-- between the check and the write. The ends too: a worker whose lease ran out ends nothing,
+-- even before another worker has claimed the ingestion. An archive expansion has no lease;
+-- its writes are guarded by the processing_since its claim stamped instead.
 
 
 -- name: queue_file_ingestions
@@ -100,8 +102,7 @@ SELECT i.*, c.provider, c.config, c.credentials, c.status AS connection_status, 
 -- expired, or another worker claimed the ingestion) and the worker stops at once. An expired
 -- lease is never revived: another worker may already be claiming it.
 UPDATE ingestions SET lease_expires_at = now() + %(lease)s
- WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-   AND lease_expires_at > now()
+ WHERE ingestion_fence_v1(ingestions, %(ingestion_id)s, %(lease_owner)s)
 RETURNING lease_expires_at;
 
 -- name: read_ingestion_control
@@ -114,8 +115,7 @@ SELECT i.cancel_requested_at IS NOT NULL
        (SELECT b.blocked_until FROM connections c JOIN rate_budgets b ON b.key = c.budget_key
          WHERE c.id = i.connection_id AND b.blocked_until > now()) AS budget_blocked_until
   FROM ingestions i
- WHERE i.id = %(ingestion_id)s AND i.lease_owner = %(lease_owner)s AND i.status = 'running'
-   AND i.lease_expires_at > now();
+ WHERE ingestion_fence_v1(i, %(ingestion_id)s, %(lease_owner)s);
 
 -- name: file_record
 -- The stored record of a synced file, tombstoned or not (no row: never synced, or purged).
@@ -139,8 +139,7 @@ SELECT id, status, scope, version, content_sha256, indexed_with, chunks FROM doc
 -- bytes, or of other settings, are another list, and a document never mixes two models.
 WITH fence AS (
     SELECT i.* FROM ingestions i
-     WHERE i.id = %(ingestion_id)s AND i.lease_owner = %(lease_owner)s AND i.status = 'running'
-       AND i.lease_expires_at > now()
+     WHERE ingestion_fence_v1(i, %(ingestion_id)s, %(lease_owner)s)
        FOR NO KEY UPDATE
 ), doc AS (
     INSERT INTO documents AS d (workspace_id, name, media_type, connection_id, table_name,
@@ -173,16 +172,14 @@ RETURNING i.processed_units, i.document_id;
 -- revived, and a batch's progress is proof of life even when the lease keeper is slow.
 UPDATE ingestions SET processed_units = %(processed_units)s,
                       lease_expires_at = now() + %(lease)s
- WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-   AND lease_expires_at > now()
+ WHERE ingestion_fence_v1(ingestions, %(ingestion_id)s, %(lease_owner)s)
 RETURNING cancel_requested_at IS NOT NULL AS cancel_requested;
 
 -- name: fence_ingestion
 -- Locks an ingestion this claim still holds, for a fenced write that follows in the same
 -- transaction. Zero rows: the lease is lost.
 SELECT id FROM ingestions
- WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-   AND lease_expires_at > now()
+ WHERE ingestion_fence_v1(ingestions, %(ingestion_id)s, %(lease_owner)s)
    FOR NO KEY UPDATE;
 
 -- name: finish_ingestion
@@ -193,8 +190,7 @@ SELECT id FROM ingestions
 -- fenced = 1: the file changed or moved meanwhile, and nothing was marked ready.
 WITH fence AS (
     SELECT i.* FROM ingestions i
-     WHERE i.id = %(ingestion_id)s AND i.lease_owner = %(lease_owner)s AND i.status = 'running'
-       AND i.lease_expires_at > now()
+     WHERE ingestion_fence_v1(i, %(ingestion_id)s, %(lease_owner)s)
        FOR NO KEY UPDATE
 ), still AS (
     SELECT f.id FROM fence f
@@ -233,7 +229,7 @@ SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM done) AS fi
 UPDATE ingestions
    SET status = %(status)s, finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
        processing_since = NULL, error = %(error)s, results = results || %(results)s
- WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+ WHERE ingestion_fence_v1(ingestions, %(ingestion_id)s, %(lease_owner)s)
 RETURNING id;
 
 -- name: requeue_ingestion
@@ -246,7 +242,7 @@ UPDATE ingestions
        finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE now() END,
        queued_at = now() + make_interval(secs => %(delay_seconds)s),
        lease_owner = NULL, lease_expires_at = NULL, error = %(error)s
- WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+ WHERE ingestion_fence_v1(ingestions, %(ingestion_id)s, %(lease_owner)s)
 RETURNING status;
 
 -- name: hand_back_ingestion
@@ -255,7 +251,7 @@ RETURNING status;
 UPDATE ingestions
    SET status = 'queued', queued_at = now(), attempts = greatest(attempts - 1, 0),
        lease_owner = NULL, lease_expires_at = NULL
- WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+ WHERE ingestion_fence_v1(ingestions, %(ingestion_id)s, %(lease_owner)s)
 RETURNING id;
 
 -- name: hand_over_to_archive
@@ -265,7 +261,7 @@ UPDATE ingestions
    SET kind = 'archive', status = 'queued', queued_at = now(),
        attempts = greatest(attempts - 1, 0), lease_owner = NULL, lease_expires_at = NULL,
        name = %(name)s, scope = %(scope)s
- WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
+ WHERE ingestion_fence_v1(ingestions, %(ingestion_id)s, %(lease_owner)s)
 RETURNING id;
 
 -- name: lock_ingestion_credentials
@@ -274,8 +270,7 @@ RETURNING id;
 -- refresh token, and a stale worker never refreshes.
 WITH fence AS (
     SELECT id FROM ingestions
-     WHERE id = %(ingestion_id)s AND lease_owner = %(lease_owner)s AND status = 'running'
-       AND lease_expires_at > now()
+     WHERE ingestion_fence_v1(ingestions, %(ingestion_id)s, %(lease_owner)s)
        FOR SHARE
 )
 SELECT c.credentials FROM connections c, fence

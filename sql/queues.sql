@@ -1,6 +1,8 @@
 -- The application queues' statements, each named and called through sync.queues.store.
 -- %(now)s is the caller's clock when it has one (tests drive it) and NULL for the database's
--- own time; every statement reads it through coalesce(%(now)s, now()).
+-- own time; every statement reads it through coalesce(%(now)s, now()) (a fenced one inside
+-- job_fence_v1, the fence of an attempt's writes, written once in
+-- 0023_job_and_ingestion_fences.sql).
 
 -- name: get_queue
 SELECT * FROM job_queues WHERE name = %(name)s;
@@ -77,14 +79,14 @@ SELECT c.*, q.retry_limit, q.retry_delay, q.retry_ceiling, q.expire
   JOIN job_queues q ON q.name = c.origin_queue;
 
 -- name: complete_attempt
--- The handler returned. Fenced: applied only while the job is active under this attempt's
--- token and the attempt has not expired; a stale attempt's end matches nothing.
+-- The handler returned. Fenced by job_fence_v1 (0023_job_and_ingestion_fences.sql): applied
+-- only while the job is active under this attempt's token and the attempt has not expired; a
+-- stale attempt's end matches nothing.
 WITH done AS (
     UPDATE jobs
        SET status = 'completed', finished_at = coalesce(%(now)s, now()), expires_at = NULL,
            deadline_at = NULL
-     WHERE id = %(job_id)s AND lease_owner = %(lease_owner)s AND status = 'active'
-       AND expires_at >= coalesce(%(now)s, now())
+     WHERE job_fence_v1(jobs, %(job_id)s, %(lease_owner)s, %(now)s)
     RETURNING id, attempts, queue, started_at, finished_at, lease_owner
 )
 INSERT INTO job_attempts (job_id, attempt, queue, started_at, finished_at, outcome, lease_owner)
@@ -101,8 +103,7 @@ WITH ended (id, lease_owner) AS (
        SET status = 'completed', finished_at = coalesce(%(now)s, now()), expires_at = NULL,
            deadline_at = NULL
       FROM ended e
-     WHERE j.id = e.id AND j.lease_owner = e.lease_owner AND j.status = 'active'
-       AND j.expires_at >= coalesce(%(now)s, now())
+     WHERE job_fence_v1(j, e.id, e.lease_owner, %(now)s)
     RETURNING j.id, j.attempts, j.queue, j.started_at, j.finished_at, j.lease_owner
 )
 INSERT INTO job_attempts (job_id, attempt, queue, started_at, finished_at, outcome, lease_owner)
@@ -116,8 +117,7 @@ WITH done AS (
     UPDATE jobs
        SET status = 'retrying', error = %(error)s, expires_at = NULL, deadline_at = NULL,
            run_after = coalesce(%(now)s, now()) + make_interval(secs => %(delay)s)
-     WHERE id = %(job_id)s AND lease_owner = %(lease_owner)s AND status = 'active'
-       AND expires_at >= coalesce(%(now)s, now())
+     WHERE job_fence_v1(jobs, %(job_id)s, %(lease_owner)s, %(now)s)
     RETURNING id, attempts, queue, started_at, lease_owner
 )
 INSERT INTO job_attempts (job_id, attempt, queue, started_at, finished_at, outcome, error,
@@ -137,8 +137,7 @@ WITH done AS (
            finished_at = coalesce(%(now)s, now()), queue = coalesce(q.dead_letter, q.name)
       FROM job_queues q
      WHERE q.name = j.origin_queue
-       AND j.id = %(job_id)s AND j.lease_owner = %(lease_owner)s AND j.status = 'active'
-       AND j.expires_at >= coalesce(%(now)s, now())
+       AND job_fence_v1(j, %(job_id)s, %(lease_owner)s, %(now)s)
     RETURNING j.*
 ), ended AS (
     INSERT INTO job_attempts (job_id, attempt, queue, started_at, finished_at, outcome, error,
@@ -156,26 +155,24 @@ UPDATE jobs
    SET status = CASE WHEN attempts > 1 THEN 'retrying' ELSE 'queued' END,
        attempts = attempts - 1, run_after = coalesce(%(now)s, now()), expires_at = NULL,
        deadline_at = NULL
- WHERE id = %(job_id)s AND lease_owner = %(lease_owner)s AND status = 'active'
-   AND expires_at >= coalesce(%(now)s, now())
+ WHERE job_fence_v1(jobs, %(job_id)s, %(lease_owner)s, %(now)s)
 RETURNING id, pg_notify(notify_channel(), 'job:' || origin_queue) AS woke;
 
 -- name: report_progress
 -- A handler's progress. Fenced like complete_attempt: a stale attempt reports nothing.
 UPDATE jobs
    SET processed_units = %(processed)s, total_units = coalesce(%(total)s, total_units)
- WHERE id = %(job_id)s AND lease_owner = %(lease_owner)s AND status = 'active'
-   AND expires_at >= coalesce(%(now)s, now())
+ WHERE job_fence_v1(jobs, %(job_id)s, %(lease_owner)s, %(now)s)
 RETURNING id;
 
 -- name: renew_job_lease
 -- The lease keeper extends an attempt's lease, never past its deadline (the start plus the
 -- queue's expire). Invariant: only the holder's token renews, and only while the lease is
--- still valid; nothing back means the lease is lost (or the attempt reached its expiry).
+-- still valid by the database's clock (job_fence_v1 at now()); nothing back means the lease is
+-- lost (or the attempt reached its expiry).
 UPDATE jobs
    SET expires_at = least(now() + %(lease)s, deadline_at)
- WHERE id = %(job_id)s AND lease_owner = %(lease_owner)s AND status = 'active'
-   AND expires_at >= now() AND deadline_at > now()
+ WHERE job_fence_v1(jobs, %(job_id)s, %(lease_owner)s, NULL) AND deadline_at > now()
 RETURNING id;
 
 -- name: read_job_control

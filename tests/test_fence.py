@@ -1,12 +1,15 @@
-"""The fence is written once, as ``run_fence_v1`` (sql/0012_fence_and_versions.sql), and every
-fenced statement uses it; the planner inlines it, so a fenced statement still finds the run row
-by its primary key, not by reading every run."""
+"""Each fence is written once, as a function, and every fenced statement uses it: a run's
+``run_fence_v1`` (sql/0012_fence_and_versions.sql), an application job's ``job_fence_v1`` and an
+ingestion's ``ingestion_fence_v1`` (sql/0023_job_and_ingestion_fences.sql). The planner inlines
+them, so a fenced statement still finds its row by the primary key, not by reading every row."""
 
 from __future__ import annotations
 
 import json
 import re
 import uuid
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,26 +21,112 @@ from sync.sqlfiles import sql_dir
 from tests.plans import explained, nodes
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")
-# The four conditions of the run fence, written out (with or without a table alias): a run's id
-# (a statement's run_id, a function's p_run_id), then its owner, status and lease. The
-# ingestions' own fence, on the ingestions table, has the same shape around an ingestion's id.
-_WRITTEN_OUT = re.compile(
-    r"(\w+\.)?id\s*=\s*\S*run_id\S*\s+AND\s+"
-    r"(\w+\.)?lease_owner\s*=\s*\S+\s+AND\s+(\w+\.)?status\s*=\s*'running'\s+AND\s+"
-    r"(\w+\.)?lease_expires_at\s*>\s*now\(\)",
-    re.IGNORECASE,
-)
 _MIGRATION = re.compile(r"^(\d{4})_\w+\.sql$")
+# An argument of a fence in a statement: a placeholder, a column, NULL.
+_ARGUMENT = r"(%\(\w+\)s|[\w.]+)"
 
-# Every named statement fenced by the run, of any file of named statements (queries.sql, and
-# the ingestions' queue_file_ingestions, which a sync's files table ends with).
+
+@dataclass(frozen=True)
+class Fence:
+    function: str
+    table: str
+    # Its conditions written out, with or without a table alias, as a statement would: what no
+    # statement may do.
+    written_out: re.Pattern[str]
+    # The same conditions around the function's arguments (the row, then the rest, in order):
+    # what the function inlines to.
+    expanded: str
+    # The indexes that find one row without reading the finished history.
+    indexes: frozenset[str]
+    # The columns whose conditions mark a scan as the fence's.
+    marks: tuple[str, ...] = ("lease_owner",)
+
+
+def _conditions(*parts: str) -> re.Pattern[str]:
+    return re.compile(r"\s+AND\s+".join(parts), re.IGNORECASE)
+
+
+RUN_FENCE = Fence(
+    "run_fence_v1",
+    "connection_runs",
+    # A run's id (a statement's run_id, a function's p_run_id), its owner, status and lease.
+    _conditions(
+        r"(\w+\.)?id\s*=\s*\S*run_id\S*",
+        r"(\w+\.)?lease_owner\s*=\s*\S+",
+        r"(\w+\.)?status\s*=\s*'running'",
+        r"(\w+\.)?lease_expires_at\s*>\s*now\(\)",
+    ),
+    "({0}.id = {1} AND {0}.lease_owner = {2} AND {0}.status = 'running'"
+    " AND {0}.lease_expires_at > now())",
+    # The primary key, or a partial index holding only the runs that are not finished (the
+    # planner takes one of those when it knows of few unfinished runs).
+    frozenset({"connection_runs_pkey", "connection_runs_one_active", "connection_runs_claimable"}),
+)
+JOB_FENCE = Fence(
+    "job_fence_v1",
+    "jobs",
+    # A job's id (a statement's job_id, a batch's e.id), its owner and 'active'; the expiry is
+    # left out of the pattern, so a fence written out without it is found too.
+    _conditions(
+        r"(\w+\.)?id\s*=\s*\S+",
+        r"(\w+\.)?lease_owner\s*=\s*\S+",
+        r"(\w+\.)?status\s*=\s*'active'",
+    ),
+    "({0}.id = {1} AND {0}.lease_owner = {2} AND {0}.status = 'active'"
+    " AND {0}.expires_at >= coalesce({3}, now()))",
+    frozenset({"jobs_pkey"}),
+    # A batch's hash join tests the owner in the join, the expiry in the scan.
+    ("lease_owner", "expires_at"),
+)
+INGESTION_FENCE = Fence(
+    "ingestion_fence_v1",
+    "ingestions",
+    # An ingestion's id, its owner and 'running'; the lease is left out of the pattern, so a
+    # fence written out without it (as the ingestions' ends once were) is found too.
+    _conditions(
+        r"(\w+\.)?id\s*=\s*\S+",
+        r"(\w+\.)?lease_owner\s*=\s*\S+",
+        r"(\w+\.)?status\s*=\s*'running'",
+    ),
+    "({0}.id = {1} AND {0}.lease_owner = {2} AND {0}.status = 'running'"
+    " AND {0}.lease_expires_at > now())",
+    frozenset({"ingestions_pkey"}),
+)
+FENCES = (RUN_FENCE, JOB_FENCE, INGESTION_FENCE)
+# The batched completion of many jobs: knowing of few active jobs, the planner reads them all
+# through a partial index of the unfinished ones (the active set, never the finished history)
+# and hashes the batch against them; knowing of thousands, it probes jobs_pkey per job.
+BATCHES = {"complete_attempts": {"jobs_pkey", "jobs_expiring", "jobs_singleton"}}
+
+# Every named statement of any file of named statements (queries.sql, queues.sql,
+# ingestions.sql, ...).
 STATEMENTS = {
     name: query.text
     for path in sorted(sql_dir().glob("*.sql"))
     if not path.name[0].isdigit()
     for name, query in parse(path.read_text()).items()
 }
-FENCED = sorted(name for name, text in STATEMENTS.items() if "run_fence_v1" in text)
+
+
+def fenced_by(fence: Fence) -> list[str]:
+    return sorted(name for name, text in STATEMENTS.items() if f"{fence.function}(" in text)
+
+
+# Fenced by the run: queries.sql's, and the ingestions' queue_file_ingestions, which a sync's
+# files table ends with.
+FENCED = fenced_by(RUN_FENCE)
+# Every statement of an attempt of an application job (sql/queues.sql), and of an ingestion
+# (sql/ingestions.sql), that writes or reads under its lease.
+JOB_FENCED = {
+    "complete_attempt", "complete_attempts", "retry_attempt", "bury_attempt",
+    "hand_back_attempt", "report_progress", "renew_job_lease",
+}  # fmt: skip
+INGESTION_FENCED = {
+    "renew_ingestion_lease", "read_ingestion_control", "begin_ingestion",
+    "record_ingestion_batch", "fence_ingestion", "finish_ingestion", "end_ingestion",
+    "requeue_ingestion", "hand_back_ingestion", "hand_over_to_archive",
+    "lock_ingestion_credentials",
+}  # fmt: skip
 # Fenced inside a versioned function: the plan to check is the function's own statement (the
 # finish's own UPDATE, not the lane trigger's).
 FENCED_IN_FUNCTIONS = {
@@ -67,12 +156,39 @@ SELECT 1, 1, 'memory', 'succeeded', now() - interval '30 days', now(), 1
 ANALYZE workspaces, connections, connection_runs;
 """
 
+# Jobs and ingestions, mostly finished, a few hundred of them active or running: an index of the
+# unfinished ones is no shortcut to one row.
+JOBS_AND_INGESTIONS = """
+INSERT INTO job_queues (name, policy, retry_limit, retry_delay, retry_ceiling, expire, retention)
+VALUES ('q', 'standard', 2, 1, 10, 60, 86400);
+INSERT INTO jobs (queue, origin_queue, payload, status, attempts, run_after, created_at,
+                  started_at, finished_at)
+SELECT 'q', 'q', '{}', 'completed', 1, now() - interval '30 days', now() - interval '30 days',
+       now() - interval '30 days', now() - interval '29 days'
+  FROM generate_series(1, 20000) g;
+INSERT INTO jobs (queue, origin_queue, payload, status, attempts, run_after, created_at,
+                  started_at, expires_at, deadline_at, lease_owner)
+SELECT 'q', 'q', '{}', 'active', 1, now(), now(), now(), now() + interval '1 minute',
+       now() + interval '1 minute', gen_random_uuid()
+  FROM generate_series(1, 300) g;
+INSERT INTO ingestions (workspace_id, source, local_path, source_hash, max_attempts, status,
+                        finished_at)
+SELECT 1, 'local', '/files/' || g, '\\x00', 3, 'ready', now() FROM generate_series(1, 20000) g;
+INSERT INTO ingestions (workspace_id, source, local_path, source_hash, max_attempts, status,
+                        started_at, attempts, lease_owner, lease_expires_at, worker_id)
+SELECT 1, 'local', '/running/' || g, '\\x00', 3, 'running', now(), 1, gen_random_uuid(),
+       now() + interval '1 hour', 'w'
+  FROM generate_series(1, 300) g;
+ANALYZE job_queues, jobs, ingestions;
+"""
 
-def _after_the_fence() -> list[Path]:
-    """Every .sql file but the migrations numbered before the one that created run_fence_v1
-    (applied migrations are never edited, so those keep the conditions they wrote out)."""
+
+def _after(fence: Fence) -> list[Path]:
+    """Every .sql file but the migrations numbered before the one that created the fence's
+    function (applied migrations are never edited, so those keep the conditions they wrote
+    out)."""
     paths = sorted(sql_dir().glob("*.sql"))
-    created = next(p for p in paths if "CREATE FUNCTION run_fence_v1" in p.read_text())
+    created = next(p for p in paths if f"CREATE FUNCTION {fence.function}(" in p.read_text())
     number = _MIGRATION.match(created.name)
     assert number is not None
 
@@ -83,21 +199,33 @@ def _after_the_fence() -> list[Path]:
     return [p for p in paths if not historic(p)]
 
 
+def _written_out_in(fence: Fence, text: str) -> str | None:
+    """The fence's conditions where ``text`` writes them out, outside the function's own
+    definition (the one place they are written)."""
+    definition = text.find(f"CREATE FUNCTION {fence.function}(")
+    if definition >= 0:
+        text = text[:definition] + text[text.index("$$;", definition) :]
+    found = fence.written_out.search(text)
+    return found[0] if found else None
+
+
 def test_the_fence_is_written_once() -> None:
-    """No named statement of any .sql file and no function of a migration made since
-    run_fence_v1 exists writes the run fence's conditions out; the fenced statements the record
-    writer, the lease keeper and the outcome depend on all use the function."""
-    scanned = _after_the_fence()
-    names = {p.name for p in scanned}
+    """No named statement of any .sql file and no function of a migration made since a fence's
+    function exists writes that fence's conditions out; the fenced statements the record
+    writer, the lease keeper, the outcome, the jobs' attempts and the ingestions depend on all
+    use the function."""
+    scanned = {fence.function: _after(fence) for fence in FENCES}
+    names = {p.name for p in scanned["run_fence_v1"]}
     assert {"queries.sql", "ingestions.sql", "0013_lane_parking.sql"} <= names
     assert not {"0002_queue_functions.sql", "0011_ingestions.sql"} & names
-    for path in scanned:
-        text = path.read_text()
-        definition = text.find("CREATE FUNCTION run_fence_v1")
-        if definition >= 0:  # the one place the conditions are written
-            text = text[:definition] + text[text.index("$$;", definition) :]
-        found = _WRITTEN_OUT.search(text)
-        assert found is None, f"{path.name} writes the run fence out: {found and found[0]}"
+    for function in ("job_fence_v1", "ingestion_fence_v1"):
+        names = {p.name for p in scanned[function]}
+        assert {"queues.sql", "ingestions.sql", "0023_job_and_ingestion_fences.sql"} <= names
+        assert not {"0010_application_queues.sql", "0022_generic_job_claim.sql"} & names
+    for fence in FENCES:
+        for path in scanned[fence.function]:
+            found = _written_out_in(fence, path.read_text())
+            assert found is None, f"{path.name} writes {fence.function} out: {found}"
     expected = {
         "renew_lease", "read_run_control", "lock_credentials", "requeue_run",
         "wait_for_rate_limit", "hand_back_run", "save_results", "write_record_batch",
@@ -108,15 +236,51 @@ def test_the_fence_is_written_once() -> None:
     assert expected | {"queue_file_ingestions"} <= set(FENCED)
     for name, version in VERSIONS.items():
         assert f"{name}_{version}(" in QUERIES._by_name[name].text
+    assert set(fenced_by(JOB_FENCE)) == JOB_FENCED
+    assert set(fenced_by(INGESTION_FENCE)) == INGESTION_FENCED
 
 
-def _fence_scans(plan: dict[str, Any]) -> list[dict[str, Any]]:
+def _written_out(fence: Fence, text: str) -> str:
+    """The statement with the fence's conditions in place of the function."""
+    arguments = len(set(re.findall(r"\{(\d)\}", fence.expanded))) - 1
+    call = rf"{fence.function}\((\w+)" + rf", {_ARGUMENT}" * arguments + r"\)"
+    return re.sub(call, lambda m: fence.expanded.format(*m.groups()), text)
+
+
+def test_the_check_finds_every_fence_written_out() -> None:
+    """The check above is no formality: each fenced statement, with its fence written out in
+    its place, is found."""
+    for fence in FENCES:
+        for name in fenced_by(fence):
+            text = _written_out(fence, STATEMENTS[name])
+            assert fence.function not in text, name
+            assert _written_out_in(fence, text), (fence.function, name)
+
+
+_CONDITIONS = ("Index Cond", "Recheck Cond", "Filter")
+
+
+def _fence_scans(plan: dict[str, Any], fence: Fence = RUN_FENCE) -> list[dict[str, Any]]:
+    """The scans of the fence's table that test its conditions."""
     return [
         n
         for n in nodes(plan)
-        if n.get("Relation Name") == "connection_runs"
-        and "lease_owner" in (n.get("Index Cond", "") + n.get("Filter", ""))
+        if n.get("Relation Name") == fence.table
+        and any(mark in n.get(key, "") for key in _CONDITIONS for mark in fence.marks)
     ]
+
+
+def _indexes(scan: dict[str, Any]) -> set[str]:
+    """The indexes a scan reads: its own, or those of a bitmap scan's index scans (not those
+    of a subplan below it)."""
+    if "Index Name" in scan:
+        return {scan["Index Name"]}
+    return {
+        name
+        for child in scan.get("Plans", [])
+        if child["Node Type"] in ("Bitmap Index Scan", "BitmapAnd", "BitmapOr")
+        for name in _indexes(child)
+    }
 
 
 def _generic_plan(admin: Any, name: str, text: str | None = None) -> dict[str, Any]:
@@ -135,62 +299,68 @@ def _generic_plan(admin: Any, name: str, text: str | None = None) -> dict[str, A
     return row["QUERY PLAN"][0]["Plan"]
 
 
-# Indexes that find one run row without reading the finished history: the primary key, or a
-# partial index holding only the runs that are not finished (the planner takes one of those when
-# it knows of few unfinished runs).
-RUN_INDEXES = {"connection_runs_pkey", "connection_runs_one_active", "connection_runs_claimable"}
-
-
-def _assert_found_by_primary_key(name: str, plan: dict[str, Any]) -> None:
-    scans = _fence_scans(plan)
-    assert scans, f"{name}: no fenced scan of connection_runs\n{json.dumps(plan, indent=1)}"
+def _assert_found_by_primary_key(name: str, plan: dict[str, Any], fence: Fence = RUN_FENCE) -> None:
+    scans = _fence_scans(plan, fence)
+    assert scans, f"{name}: no fenced scan of {fence.table}\n{json.dumps(plan, indent=1)}"
     for scan in scans:
-        assert scan["Node Type"] in ("Index Scan", "Index Only Scan"), (
+        assert scan["Node Type"] in ("Index Scan", "Index Only Scan", "Bitmap Heap Scan"), (
             f"{name}: {scan['Node Type']}\n{json.dumps(plan, indent=1)}"
         )
-        assert scan["Index Name"] in RUN_INDEXES, name
+        found = _indexes(scan)
+        assert found and found <= fence.indexes | BATCHES.get(name, set()), (name, found)
         # Inlined: the conditions are plain quals, not a call of the function per row.
-        assert "run_fence_v1" not in scan.get("Filter", ""), name
+        assert not any(fence.function in scan.get(key, "") for key in _CONDITIONS), name
 
 
-def _written_out(text: str) -> str:
-    """The statement with the fence's four conditions in place of the function."""
-    return re.sub(
-        r"run_fence_v1\((\w+), (%\(\w+\)s), (%\(\w+\)s)\)",
-        lambda m: (
-            f"({m[1]}.id = {m[2]} AND {m[1]}.lease_owner = {m[3]} AND {m[1]}.status = 'running'"
-            f" AND {m[1]}.lease_expires_at > now())"
-        ),
-        text,
-    )
-
-
-def _shape(plan: dict[str, Any]) -> list[tuple[str, str | None]]:
-    return [(n["Node Type"], n.get("Index Name")) for n in _fence_scans(plan)]
+def _shape(plan: dict[str, Any], fence: Fence = RUN_FENCE) -> list[tuple[str, list[str]]]:
+    return [(n["Node Type"], sorted(_indexes(n))) for n in _fence_scans(plan, fence)]
 
 
 def test_every_fenced_statement_finds_its_run_by_an_index(engine: Engine, admin: Any) -> None:
     admin.execute(HISTORY)
     for name in FENCED:
         if name not in FENCED_IN_FUNCTIONS:
-            _check_statement(admin, name)
+            _check_statement(admin, name, RUN_FENCE)
 
 
-def _check_statement(admin: Any, name: str) -> None:
-    plan = _generic_plan(admin, name)
-    _assert_found_by_primary_key(name, plan)
-    # The same plan as the four conditions written out in the statement.
-    assert _shape(plan) == _shape(_generic_plan(admin, name, _written_out(STATEMENTS[name])))
-
-
-def test_a_fence_the_planner_cannot_inline_reads_every_run(engine: Engine, admin: Any) -> None:
-    """The check above catches a fence that is not inlined: a SET clause stops the planner
-    inlining a SQL function, and the fence becomes a filter called on every run."""
+def test_every_fenced_job_and_ingestion_statement_finds_its_row_by_the_primary_key(
+    engine: Engine, admin: Any
+) -> None:
     admin.execute(HISTORY)
-    admin.execute("ALTER FUNCTION run_fence_v1(connection_runs, bigint, uuid) SET jit = off")
-    plan = _generic_plan(admin, "save_results")
+    admin.execute(JOBS_AND_INGESTIONS)
+    for fence in (JOB_FENCE, INGESTION_FENCE):
+        for name in fenced_by(fence):
+            _check_statement(admin, name, fence)
+
+
+def _check_statement(admin: Any, name: str, fence: Fence) -> None:
+    plan = _generic_plan(admin, name)
+    _assert_found_by_primary_key(name, plan, fence)
+    # The same plan as the conditions written out in the statement.
+    written_out = _generic_plan(admin, name, _written_out(fence, STATEMENTS[name]))
+    assert _shape(plan, fence) == _shape(written_out, fence), name
+
+
+@pytest.mark.parametrize(
+    ("fence", "signature", "name"),
+    [
+        (RUN_FENCE, "connection_runs, bigint, uuid", "save_results"),
+        (JOB_FENCE, "jobs, bigint, uuid, timestamptz", "report_progress"),
+        (INGESTION_FENCE, "ingestions, bigint, uuid", "end_ingestion"),
+    ],
+    ids=lambda value: value.function if isinstance(value, Fence) else None,
+)
+def test_a_fence_the_planner_cannot_inline_reads_every_row(
+    engine: Engine, admin: Any, fence: Fence, signature: str, name: str
+) -> None:
+    """The checks above catch a fence that is not inlined: a SET clause stops the planner
+    inlining a SQL function, and the fence becomes a filter called on every row."""
+    admin.execute(HISTORY)
+    admin.execute(JOBS_AND_INGESTIONS)
+    admin.execute(f"ALTER FUNCTION {fence.function}({signature}) SET jit = off")
+    plan = _generic_plan(admin, name)
     with pytest.raises(AssertionError):
-        _assert_found_by_primary_key("save_results", plan)
+        _assert_found_by_primary_key(name, plan, fence)
 
 
 def test_the_fence_inside_the_versioned_functions_uses_the_primary_key(
@@ -266,4 +436,69 @@ def test_the_fence_refuses_another_owner_another_run_and_an_expired_lease(
     assert not holds(uuid.uuid4())
     assert not holds(owner, run_id - 1)
     admin.execute("UPDATE connection_runs SET lease_expires_at = now() WHERE id = %s", (run_id,))
+    assert not holds(owner)
+
+
+def test_the_job_fence_refuses_another_owner_another_job_an_inactive_job_and_an_expiry(
+    engine: Engine, admin: Any
+) -> None:
+    """job_fence_v1 holds while the job is active under the token and its lease has not run
+    out by the caller's clock, or the database's when the caller gives none (NULL)."""
+    admin.execute(HISTORY)
+    admin.execute(JOBS_AND_INGESTIONS)
+    owner = uuid.uuid4()
+    job_id = admin.execute(
+        "UPDATE jobs SET lease_owner = %s WHERE id = (SELECT max(id) FROM jobs) RETURNING id",
+        (owner,),
+    ).fetchone()["id"]
+    expires_at = admin.execute("SELECT expires_at FROM jobs WHERE id = %s", (job_id,)).fetchone()[
+        "expires_at"
+    ]
+
+    def holds(owner_: uuid.UUID, job: int = job_id, now: Any = None) -> bool:
+        row = admin.execute(
+            "SELECT count(*) AS n FROM jobs j WHERE job_fence_v1(j, %s, %s, %s)",
+            (job, owner_, now),
+        ).fetchone()
+        return bool(row["n"])
+
+    assert holds(owner)
+    assert holds(owner, now=expires_at)  # up to its expiry, inclusive
+    assert not holds(owner, now=expires_at + timedelta(microseconds=1))
+    assert not holds(uuid.uuid4())
+    assert not holds(owner, job_id - 1)
+    admin.execute(
+        "UPDATE jobs SET expires_at = now() - interval '1 second' WHERE id = %s", (job_id,)
+    )
+    assert not holds(owner)  # NULL: the database's now
+    assert holds(owner, now=expires_at - timedelta(minutes=2))  # a clock of the past
+    admin.execute("UPDATE jobs SET status = 'retrying' WHERE id = %s", (job_id,))
+    assert not holds(owner, now=expires_at - timedelta(minutes=2))
+
+
+def test_the_ingestion_fence_refuses_another_owner_another_ingestion_and_an_expired_lease(
+    engine: Engine, admin: Any
+) -> None:
+    admin.execute(HISTORY)
+    admin.execute(JOBS_AND_INGESTIONS)
+    owner = uuid.uuid4()
+    ingestion_id = admin.execute(
+        "UPDATE ingestions SET lease_owner = %s WHERE id = (SELECT max(id) FROM ingestions)"
+        " RETURNING id",
+        (owner,),
+    ).fetchone()["id"]
+
+    def holds(owner_: uuid.UUID, ingestion: int = ingestion_id) -> bool:
+        row = admin.execute(
+            "SELECT count(*) AS n FROM ingestions i WHERE ingestion_fence_v1(i, %s, %s)",
+            (ingestion, owner_),
+        ).fetchone()
+        return bool(row["n"])
+
+    assert holds(owner)
+    assert not holds(uuid.uuid4())
+    assert not holds(owner, ingestion_id - 1)
+    # Expired and not claimed again yet: the claim already treats it as free, so no write
+    # (an end included) passes.
+    admin.execute("UPDATE ingestions SET lease_expires_at = now() WHERE id = %s", (ingestion_id,))
     assert not holds(owner)
