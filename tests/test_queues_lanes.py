@@ -69,6 +69,15 @@ class Blocker:
             assert self._cond.wait_for(lambda: self.inside >= count, WAIT), self.inside
 
 
+def _finish(blocker: Blocker, queues: PostgresQueues, lanes: Lanes, ids: list[int]) -> None:
+    """Let the blocked handlers return and wait until every job is completed."""
+    blocker.release.set()
+    until(
+        lambda: all(queues.get_job(i).status is JobStatus.COMPLETED for i in ids),
+        lanes.completions.flushed,
+    )
+
+
 def test_a_process_without_lanes_registers_no_handler_and_claims_nothing(
     engine: Engine, admin: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -149,11 +158,7 @@ def test_full_lanes_with_slow_handlers_never_miss_a_renewal(
         taken = admin.execute(
             "SELECT id FROM claim_jobs_v2(ARRAY['docs.slow'], 10, 3.0, NULL)"
         ).fetchall()
-        blocker.release.set()
-        until(
-            lambda: all(queues.get_job(i).status is JobStatus.COMPLETED for i in ids),
-            lanes.completions.flushed,
-        )
+        _finish(blocker, queues, lanes, ids)
     finally:
         blocker.release.set()
         lanes.stop()
@@ -178,11 +183,7 @@ def test_an_exclusive_queue_claims_one_job_at_a_time(
     try:
         blocker.wait_inside(3)
         claims = lanes.claims
-        blocker.release.set()
-        until(
-            lambda: all(queues.get_job(i).status is JobStatus.COMPLETED for i in ids),
-            lanes.completions.flushed,
-        )
+        _finish(blocker, queues, lanes, ids)
     finally:
         blocker.release.set()
         lanes.stop()
@@ -202,11 +203,7 @@ def test_a_standard_queue_claims_the_jobs_for_its_idle_lanes_in_one_batch(
     try:
         blocker.wait_inside(3)
         started = {queues.get_job(i).started_at for i in ids}
-        blocker.release.set()
-        until(
-            lambda: all(queues.get_job(i).status is JobStatus.COMPLETED for i in ids),
-            lanes.completions.flushed,
-        )
+        _finish(blocker, queues, lanes, ids)
     finally:
         blocker.release.set()
         lanes.stop()
