@@ -28,12 +28,19 @@ class Phase:
     changed_epoch: int = 0
     changed_every: int = 100
     deleted_every: int = 0
+    # The server's wal_compression for the writing sessions of this phase (None: as configured).
+    wal_compression: str | None = None
 
 
 FIRST = Phase("first sync (all new)")
 CHANGED = Phase("resync, 1 % changed", changed_epoch=1)
-DELETED = Phase("resync, 1 % deleted", changed_epoch=1, deleted_every=100)
-PHASES = (FIRST, CHANGED, DELETED)
+# The same change again (other values, the same rows), with full-page images compressed: the
+# operator's lever on what a resync right after a checkpoint writes.
+COMPRESSED = Phase(
+    "resync, 1 % changed, wal_compression=lz4", changed_epoch=2, wal_compression="lz4"
+)
+DELETED = Phase("resync, 1 % deleted", changed_epoch=2, deleted_every=100)
+PHASES = (FIRST, CHANGED, COMPRESSED, DELETED)
 
 
 def record(i: int, version: int) -> dict[str, Any]:

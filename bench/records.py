@@ -10,8 +10,11 @@ Records/s is the table's size over the run's duration (``run_attempts``, server 
 
 WAL: ``pg_current_wal_flush_lsn()`` before and after each phase is cluster-wide, and this
 Postgres may be shared; so the bytes of WAL records that touch this benchmark's database are
-also summed with ``pg_walinspect`` (commit records, which name no relation, excluded). Each
-phase starts right after a CHECKPOINT (see ``Wal``).
+also summed with ``pg_walinspect`` (commit records, which name no relation, excluded), with the
+part of it that is full-page images. Each phase starts right after a CHECKPOINT (see ``Wal``).
+The phase "resync, 1 % changed, wal_compression=lz4" changes the same rows again with
+``wal_compression`` set for the benchmark's database (``ALTER DATABASE``), to show what that
+setting saves.
 
 Compared with, on the same server and the same generated records:
 - the ``COPY`` ceiling: ``COPY`` into a table like ``records`` (same columns, same primary key),
@@ -39,7 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import psycopg
-from psycopg import conninfo
+from psycopg import conninfo, sql
 
 import bench.connectors  # noqa: F401 - registers the bench connectors
 from bench import dataset
@@ -70,6 +73,7 @@ class Row:
     seconds: float
     wal_db: float | None = None  # bytes, attributed to this database
     wal_all: float | None = None  # bytes, cluster-wide
+    wal_fpi: float | None = None  # bytes of wal_db that are full-page images
     rss_kb: int | None = None
     counts: str = ""
     note: str = ""
@@ -123,6 +127,7 @@ class WalMeter(threading.Thread):
         self.conn = psycopg.connect(wal.url, autocommit=True)
         self.first = self.last = self._lsn()
         self.in_db: float | None = 0.0 if wal.inspect else None
+        self.fpi: float | None = 0.0 if wal.inspect else None
         self.total = 0.0
         self._stop_event = threading.Event()
 
@@ -137,18 +142,20 @@ class WalMeter(threading.Thread):
 
     def _advance(self) -> None:
         end = self._lsn()
-        if self.in_db is not None and end != self.last:
+        if self.in_db is not None and self.fpi is not None and end != self.last:
             try:
-                # record_length includes the record's full-page images.
+                # record_length includes the record's full-page images (fpi_length of it).
                 row = self.conn.execute(
-                    "SELECT coalesce(sum(record_length), 0) "
+                    "SELECT coalesce(sum(record_length), 0), coalesce(sum(fpi_length), 0) "
                     "FROM pg_get_wal_records_info(%s, %s) WHERE block_ref LIKE %s",
                     (self.last, end, f"%/{self.wal.db_oid}/%"),
                 ).fetchone()
                 assert row is not None
                 self.in_db += float(row[0])
+                self.fpi += float(row[1])
             except psycopg.Error:
-                self.in_db = None  # a window's segments were recycled before we read them
+                # a window's segments were recycled before we read them
+                self.in_db = self.fpi = None
         self.last = end
 
     def run(self) -> None:
@@ -178,6 +185,13 @@ def run_ours(url: str, wal: Wal, connection_id: int, size: int, phase: dataset.P
             "WHERE id = %s",
             (phase.name, connection_id),
         )
+        # New sessions of this database take it: the worker started below.
+        database = sql.Identifier(conn.info.dbname)
+        if phase.wal_compression:
+            setting = sql.SQL("SET wal_compression = {}").format(sql.Literal(phase.wal_compression))
+        else:
+            setting = sql.SQL("RESET wal_compression")
+        conn.execute(sql.SQL("ALTER DATABASE {} ").format(database) + setting)
     with Engine(settings_for(url), pool_size=3) as engine:
         run_id = engine.sync(connection_id).id
     proc = spawn(
@@ -191,7 +205,7 @@ def run_ours(url: str, wal: Wal, connection_id: int, size: int, phase: dataset.P
         proc.stdin.flush()
         out = json.loads(proc.stdout.readline())
         proc.wait(timeout=60)
-    total, in_db = meter.total, meter.in_db
+    total, in_db, fpi = meter.total, meter.in_db, meter.fpi
     with connect(url) as conn:
         row = conn.execute(
             "SELECT r.status, r.results, extract(epoch FROM a.finished_at - a.started_at) "
@@ -220,6 +234,7 @@ def run_ours(url: str, wal: Wal, connection_id: int, size: int, phase: dataset.P
         float(seconds or 0),
         in_db,
         total,
+        fpi,
         out["maxrss_kb"],
         counts,
         note,
@@ -344,14 +359,16 @@ def run_child(what: str, url: str, wal: Wal, size: int, phase: dataset.Phase, wo
     if proc.returncode:
         raise RuntimeError(f"{what} exited with {proc.returncode}")
     data = json.loads(out.strip().splitlines()[-1])
-    total, in_db = (meter.total, meter.in_db) if what != "generate" else (0.0, 0.0)
+    total, in_db, fpi = (
+        (meter.total, meter.in_db, meter.fpi) if what != "generate" else (0.0, 0.0, 0.0)
+    )
     names = {
         "generate": "generate + encode only (no database)",
         "copy": "COPY (the ceiling)",
         "staging": "COPY to UNLOGGED staging + INSERT ... ON CONFLICT",
         "dlt": "dlt, merge disposition",
     }
-    return Row(size, names[what], phase.name, data["seconds"], in_db, total, data["maxrss_kb"])
+    return Row(size, names[what], phase.name, data["seconds"], in_db, total, fpi, data["maxrss_kb"])
 
 
 # -- main ---------------------------------------------------------------------------------
@@ -460,6 +477,7 @@ def report(rows: list[Row]) -> None:
                 ratio(row.rate, copy.rate) if copy else "-",
                 _mb(row.wal_db),
                 _mb(row.wal_all),
+                _mb(row.wal_fpi),
                 _wal_ratio(row, first),
                 f"{(row.rss_kb or 0) / 1024:,.0f}",
                 row.note or row.counts,
@@ -476,6 +494,7 @@ def report(rows: list[Row]) -> None:
             "x COPY",
             "WAL MB (this db)",
             "WAL MB (cluster)",
+            "of it full-page images MB",
             "WAL x first",
             "peak RSS MB",
             Column("upserted / unchanged / tombstoned", "left"),
