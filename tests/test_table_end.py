@@ -12,7 +12,7 @@ import pytest
 
 from sync import Engine
 from sync.errors import LeaseLost
-from sync.store import Lease, Seal, TableWrites
+from sync.store import Lease, Seal, SliceSave, TableWrites
 
 SETUP = """
 INSERT INTO workspaces (name) VALUES ('ws');
@@ -153,3 +153,34 @@ def test_the_finish_writes_the_attempts_own_counts(engine: Engine, admin: Any) -
     attempt = admin.execute("SELECT outcome, results FROM run_attempts").fetchone()
     assert (run["status"], run["results"]) == ("succeeded", totals)
     assert (attempt["outcome"], attempt["results"]) == ("succeeded", own)
+
+
+def test_no_statement_of_a_table_read_is_prepared_on_the_server(admin: Any, conn: Any) -> None:
+    """A table grows under its own writes, so a plan cached while it held a few rows must not
+    serve its millionth: a generic plan made then walked every stored row of the table to clear
+    tombstone marks, once per batch (a first sync of 1 M records slowed to ~100 records/s where
+    autovacuum is off). Planned per call, none of the table's statements is prepared, however
+    many batches the connection writes."""
+    admin.execute(SETUP)
+    lease = _running_run(admin)
+    writes = TableWrites(conn, lease, 1, "items")
+    progress = {"progress": None, "total_units": None}
+    for batch in range(12):  # more than psycopg's prepare threshold (5) of each statement
+        keys = [f"{batch}-a", f"{batch}-b"]
+        checkpoint = SliceSave(
+            "", {"page": batch}, done=False, resync=True, pages=batch, total=None
+        )
+        writes.write_batch(
+            keys,
+            ["{}", "{}"],
+            [b"\x01", b"\x02"],
+            partition=None,
+            track_seen=True,
+            checkpoint=checkpoint,
+            progress=progress,
+        )
+        writes.save_cursor({"page": batch}, None)
+        assert writes.seen_keys_intact()
+    prepared = conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()
+    assert [r["statement"] for r in prepared if "records" in r["statement"]] == []
+    assert admin.execute("SELECT count(*) AS n FROM records").fetchone()["n"] == 24
