@@ -71,11 +71,15 @@ SELECT job_id, attempt, queue, started_at, finished_at, outcome, error
  ORDER BY seq NULLS LAST;
 
 -- name: claim_jobs
--- Invariants in claim_jobs_v2: one claim per job, a fencing token per attempt, an expired
--- attempt taken back by the claim itself. The queue's retry terms come along, so the end of
--- the attempt is decided with the declaration it ran under.
+-- Completes the attempts the lane ran since its last claim (job_ids with their tokens, fenced
+-- like complete_attempts), then claims. Invariants in claim_jobs_v3
+-- (0024_claim_after_completions.sql): one claim per job, a fencing token per attempt, an
+-- expired attempt taken back by the claim itself, completions as durable as on their own. The
+-- queue's retry terms come along, so the end of the attempt is decided with the declaration
+-- it ran under.
 SELECT c.*, q.retry_limit, q.retry_delay, q.retry_ceiling, q.expire
-  FROM claim_jobs_v2(%(queues)s::text[], %(limit)s, %(lease)s, %(now)s::timestamptz) c
+  FROM claim_jobs_v3(%(job_ids)s::bigint[], %(lease_owners)s::uuid[], %(queues)s::text[],
+                     %(limit)s, %(lease)s, %(now)s::timestamptz) c
   JOIN job_queues q ON q.name = c.origin_queue;
 
 -- name: complete_attempt

@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import multiprocessing
 import re
+import uuid
 from typing import Any
 
 import pytest
 
 from sync import Engine, Settings
 from sync.queries import parse
-from sync.queues import QueuePolicy, queue_spec
+from sync.queues import JobStatus, QueuePolicy, queue_spec
 from sync.sqlfiles import sql_dir
 from tests.plans import explained, nodes
 
@@ -103,3 +104,37 @@ def test_every_statement_of_the_queues_prepares(engine: Engine, admin: Any) -> N
         numbered = _PLACEHOLDER.sub(lambda m, p=params: f"${p.index(m.group(1)) + 1}", query.text)
         admin.execute(f"PREPARE check_{name} AS {numbered}")
         admin.execute(f"DEALLOCATE check_{name}")
+
+
+def test_a_claim_that_completes_attempts_commits_durably_and_completes_them_fenced(
+    engine: Engine, admin: Any
+) -> None:
+    """claim_jobs_v3 completes the attempts a lane ran, fenced by their tokens, then claims.
+    A claim alone may commit without waiting for its WAL flush; one that completed something
+    must not: a completion lost in a crash would run its job twice."""
+    queues = engine.queues
+    queues.declare_queue(queue_spec("docs.ingest"))
+    queues.register("docs.ingest", lambda job, abort: None)
+    first, second, third, fourth = (queues.send("docs.ingest", {"n": n}) for n in range(4))
+    held = queues.claim(["docs.ingest"], 2)
+    assert [a.job.id for a in held] == [first, second]
+    stale = uuid.uuid4()  # a token no attempt holds: its completion matches nothing
+    with engine.pool.connection() as conn, conn.transaction():
+        claimed = conn.execute(
+            "SELECT id FROM claim_jobs_v3(%s, %s, ARRAY['docs.ingest'], 1, 60, NULL)",
+            ([first, second], [held[0].lease_owner, stale]),
+        ).fetchall()
+        durability = conn.execute("SHOW synchronous_commit").fetchone()
+    assert [r["id"] for r in claimed] == [third]
+    assert durability["synchronous_commit"] == "on"
+    assert queues.get_job(first).status is JobStatus.COMPLETED
+    assert queues.get_job(second).status is JobStatus.ACTIVE
+    assert [a.outcome.value for a in queues.attempts(first)] == ["completed"]
+
+    with engine.pool.connection() as conn, conn.transaction():
+        claimed = conn.execute(
+            "SELECT id FROM claim_jobs_v3('{}', '{}', ARRAY['docs.ingest'], 1, 60, NULL)"
+        ).fetchall()
+        alone = conn.execute("SHOW synchronous_commit").fetchone()
+    assert [r["id"] for r in claimed] == [fourth]
+    assert alone["synchronous_commit"] == "off"  # a claim alone, as claim_jobs_v2 commits it
