@@ -71,15 +71,11 @@ SELECT job_id, attempt, queue, started_at, finished_at, outcome, error
  ORDER BY seq NULLS LAST;
 
 -- name: claim_jobs
--- Completes the attempts the lane ran since its last claim (job_ids with their tokens, fenced
--- like complete_attempts), then claims. Invariants in claim_jobs_v3
--- (0024_claim_after_completions.sql): one claim per job, a fencing token per attempt, an
--- expired attempt taken back by the claim itself, completions as durable as on their own. The
--- queue's retry terms come along, so the end of the attempt is decided with the declaration
--- it ran under.
+-- Invariants in claim_jobs_v3 (0024_lean_job_claim.sql): one claim per job, a fencing token
+-- per attempt, an expired attempt taken back by a claim. The queue's retry terms come along,
+-- so the end of the attempt is decided with the declaration it ran under.
 SELECT c.*, q.retry_limit, q.retry_delay, q.retry_ceiling, q.expire
-  FROM claim_jobs_v3(%(job_ids)s::bigint[], %(lease_owners)s::uuid[], %(queues)s::text[],
-                     %(limit)s, %(lease)s, %(now)s::timestamptz) c
+  FROM claim_jobs_v3(%(queues)s::text[], %(limit)s, %(lease)s, %(now)s::timestamptz) c
   JOIN job_queues q ON q.name = c.origin_queue;
 
 -- name: complete_attempt

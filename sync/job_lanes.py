@@ -11,10 +11,8 @@ NOTIFY of its queue (the worker's Listener calls :meth:`Lanes.wake`) or the poll
 Every attempt's lease is held by the worker's one :class:`LeaseKeeper`, on a connection of its
 own, so lanes that hold every pooled connection never delay a renewal.
 
-A handler that returned has its job completed by the lane's next claim, in the same statement,
-when the lane claims next (one round trip and one commit per job for a lane that runs short
-jobs one at a time); when another lane claims instead, by :class:`Completions`, together with
-the others that returned meanwhile, so the lane goes on at once. Schedules of the application queues
+A handler that returned has its job completed by :class:`Completions`, together with the others
+that returned meanwhile, so the lane claims again at once. Schedules of the application queues
 are fired here too, once a second, and finished jobs past their retention pruned once a
 minute."""
 
@@ -112,8 +110,7 @@ class Completions:
         self._thread: threading.Thread | None = None
         self.flushes = 0
         self.failures = 0
-        # Emitted after each batch of completions is written, here or by a lane's claim.
-        self.flushed = TestSignal()
+        self.flushed = TestSignal()  # emitted after each batch of completions is written
 
     def start(self) -> None:
         self._stopping = False
@@ -264,30 +261,21 @@ class Lanes:
     # -- a lane ----------------------------------------------------------------------------
 
     def _lane(self, group: _Queue) -> None:
-        done: Attempt | None = None  # its handler returned; its completion is not written yet
         while not self._stopping.is_set():
             try:
-                attempt, done = self._next(group, done), None
+                attempt = self._next(group)
                 if attempt is not None:
-                    done = self._run(group, attempt)
+                    self._run(group, attempt)
             except Exception:  # a bug must not end the lane quietly: log it and go on
                 self.failures += 1
                 log.exception("lane of queue %s failed", group.name)
                 self._stopping.wait(RETRY_AFTER)
-        if done is not None:
-            self.completions.submit(done)
 
-    def _next(self, group: _Queue, done: Attempt | None) -> Attempt | None:
+    def _next(self, group: _Queue) -> Attempt | None:
         """The next attempt for this lane: one already claimed for it, or, as the queue's
-        poller, a fresh claim that first completes ``done``; None after waiting for a NOTIFY
-        or the poll interval. A ``done`` this lane does not complete by its own claim goes to
-        :class:`Completions` before the lane takes or waits for anything."""
+        poller, a fresh claim; None after waiting for a NOTIFY or the poll interval."""
         with group.cond:
             while True:
-                # The claim that could carry ``done`` is not this lane's.
-                if done is not None and (self._stopping.is_set() or group.claimed or group.poller):
-                    self.completions.submit(done)
-                    done = None
                 if self._stopping.is_set():
                     return None
                 if group.claimed:
@@ -305,12 +293,9 @@ class Lanes:
             else:
                 limit = 1
             group.woken = False
-        completing = [] if done is None else [done]
         try:
             began = time.monotonic()
-            attempts = self.queues.claim([group.name], limit, completing=completing)
-            if completing:
-                self.completions.flushed.emit()
+            attempts = self.queues.claim([group.name], limit)
             if self._metrics is not None:
                 took = time.monotonic() - began
                 self._metrics.job_claim_seconds.labels(group.name).observe(took)
@@ -322,8 +307,6 @@ class Lanes:
         except Exception as exc:
             self.failures += 1
             log.warning("claim of queue %s failed: %s", group.name, first_line(exc))
-            for attempt in completing:  # not written: the completions' thread tries again
-                self.completions.submit(attempt)
             attempts = []
             self._stopping.wait(RETRY_AFTER)
         with group.cond:
@@ -353,21 +336,18 @@ class Lanes:
         if watch is not None:
             self._keeper.release(watch)
 
-    def _run(self, group: _Queue, attempt: Attempt) -> Attempt | None:
-        """Run the attempt's handler; the attempt when the handler returned and its
-        completion is still to be written (by the lane's next claim or :class:`Completions`)."""
+    def _run(self, group: _Queue, attempt: Attempt) -> None:
         if self._stopping.is_set() or attempt.signal.is_set:
             self._hand_back(attempt)
-            return None
+            return
         job = attempt.job
-        returned: list[Attempt] = []
         with self._running_lock:
             self._running[job.id] = attempt
         with group.cond:
             group.running += 1
         began = time.monotonic()
         try:
-            outcome = self.queues.execute(attempt, complete_later=returned.append)
+            outcome = self.queues.execute(attempt, complete_later=self.completions.submit)
             self.attempts_run += 1
             if self._metrics is not None:
                 ended = outcome.value if outcome is not None else "lost"
@@ -379,7 +359,6 @@ class Lanes:
                 group.running -= 1
             with self._running_lock:
                 self._running.pop(job.id, None)
-        return returned[0] if returned else None
 
     def _hand_back(self, attempt: Attempt) -> None:
         self._unwatch(attempt)

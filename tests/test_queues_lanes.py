@@ -301,30 +301,3 @@ def test_a_job_sent_wakes_the_lanes_of_its_queue_only(engine: Engine) -> None:
         listener.stop()
     assert woken.empty()
     assert not runs_wake.is_set()  # the syncs' loop was not woken by the jobs
-
-
-def test_one_lane_completes_each_job_with_its_next_claim(
-    engine: Engine, keeper: tuple[LeaseKeeper, Ticks]
-) -> None:
-    """A lane that runs one job at a time writes each completion in the statement of its next
-    claim (one round trip and one commit per job): the completions' thread has nothing left
-    to write, and every job ends completed once."""
-    settings = engine.settings.model_copy(update={"poll_interval": 0.05})
-    queues = PostgresQueues(engine.pool)
-    queues.declare_queue(queue_spec("docs.ingest"))
-    queues.register("docs.ingest", lambda job, abort: None)
-    ids = [queues.send("docs.ingest", {"n": n}) for n in range(10)]
-
-    lanes = Lanes(queues, {"docs.ingest": 1}, keeper[0], settings)
-    lanes.start()
-    try:
-        until(
-            lambda: all(queues.get_job(i).status is JobStatus.COMPLETED for i in ids),
-            lanes.completions.flushed,
-        )
-    finally:
-        lanes.stop()
-    assert lanes.completions.flushes == 0
-    assert lanes.claims >= len(ids) + 1  # the last completion rode on a claim that found none
-    for job_id in ids:
-        assert [a.outcome.value for a in queues.attempts(job_id)] == ["completed"]

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import multiprocessing
 import re
-import uuid
 from typing import Any
 
 import pytest
 
 from sync import Engine, Settings
 from sync.queries import parse
-from sync.queues import JobStatus, QueuePolicy, queue_spec
+from sync.queues import QueuePolicy, queue_spec
 from sync.sqlfiles import sql_dir
 from tests.plans import explained, nodes
 
@@ -106,35 +105,43 @@ def test_every_statement_of_the_queues_prepares(engine: Engine, admin: Any) -> N
         admin.execute(f"DEALLOCATE check_{name}")
 
 
-def test_a_claim_that_completes_attempts_commits_durably_and_completes_them_fenced(
-    engine: Engine, admin: Any
-) -> None:
-    """claim_jobs_v3 completes the attempts a lane ran, fenced by their tokens, then claims.
-    A claim alone may commit without waiting for its WAL flush; one that completed something
-    must not: a completion lost in a crash would run its job twice."""
-    queues = engine.queues
-    queues.declare_queue(queue_spec("docs.ingest"))
-    queues.register("docs.ingest", lambda job, abort: None)
-    first, second, third, fourth = (queues.send("docs.ingest", {"n": n}) for n in range(4))
-    held = queues.claim(["docs.ingest"], 2)
-    assert [a.job.id for a in held] == [first, second]
-    stale = uuid.uuid4()  # a token no attempt holds: its completion matches nothing
-    with engine.pool.connection() as conn, conn.transaction():
-        claimed = conn.execute(
-            "SELECT id FROM claim_jobs_v3(%s, %s, ARRAY['docs.ingest'], 1, 60, NULL)",
-            ([first, second], [held[0].lease_owner, stale]),
-        ).fetchall()
-        durability = conn.execute("SHOW synchronous_commit").fetchone()
-    assert [r["id"] for r in claimed] == [third]
-    assert durability["synchronous_commit"] == "on"
-    assert queues.get_job(first).status is JobStatus.COMPLETED
-    assert queues.get_job(second).status is JobStatus.ACTIVE
-    assert [a.outcome.value for a in queues.attempts(first)] == ["completed"]
+def test_the_claim_is_one_update_unless_an_attempt_has_expired(engine: Engine, admin: Any) -> None:
+    """claim_jobs_v3 claims with one UPDATE over jobs_due while no attempt of the queue is past
+    its expiry, reading neither the finished history nor the backlog past its limit; with an
+    expired attempt it is claim_jobs_v2, which takes the attempt back before anything else."""
+    admin.execute(HISTORY)
+    admin.execute("ANALYZE job_queues, jobs")
+    admin.execute(BACKLOG)
+    claim = "SELECT id, attempts FROM claim_jobs_v3(ARRAY['docs.ingest'], 10, 60, NULL)"
+    row, plans = explained(admin, claim)
+    assert row is not None
+    texts = [p["Query Text"] for p in plans]
+    assert not any("claim_jobs_v2" in t for t in texts), texts
+    locking = [p for p in plans if "SKIP LOCKED" in p["Query Text"]]
+    assert len(locking) == 1, texts
+    for plan in plans:
+        scans = [
+            n
+            for n in nodes(plan["Plan"])
+            if n.get("Relation Name") == "jobs" and n["Node Type"] != "ModifyTable"
+        ]
+        indexes = {n.get("Index Name", n["Node Type"]) for n in scans}
+        assert indexes <= {"jobs_due", "jobs_expiring", "jobs_pkey"}, json.dumps(plan)
+        # Neither the finished history, nor the other queue's backlog, nor this queue's backlog
+        # past the limit is read; the started jobs are found again by their key.
+        read = sum(
+            n["Actual Rows"] + n.get("Rows Removed by Filter", 0)
+            for n in scans
+            if n.get("Index Name") != "jobs_pkey"
+        )
+        assert read <= 10, json.dumps(plan)
 
-    with engine.pool.connection() as conn, conn.transaction():
-        claimed = conn.execute(
-            "SELECT id FROM claim_jobs_v3('{}', '{}', ARRAY['docs.ingest'], 1, 60, NULL)"
-        ).fetchall()
-        alone = conn.execute("SHOW synchronous_commit").fetchone()
-    assert [r["id"] for r in claimed] == [fourth]
-    assert alone["synchronous_commit"] == "off"  # a claim alone, as claim_jobs_v2 commits it
+    expired = admin.execute(
+        "UPDATE jobs SET status = 'active', attempts = 1, started_at = now() - interval '2 hours',"
+        " expires_at = now() - interval '1 hour', lease_owner = gen_random_uuid()"
+        " WHERE id = (SELECT min(id) FROM jobs WHERE origin_queue = 'docs.ingest'"
+        " AND status = 'queued') RETURNING id"
+    ).fetchone()["id"]
+    row, plans = explained(admin, claim.replace("10,", "1,"))
+    assert (row["id"], row["attempts"]) == (expired, 2)  # taken back and run again first
+    assert any("claim_jobs_v2" in p["Query Text"] for p in plans)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -314,28 +314,16 @@ class PostgresQueues(Queues, JobRunner):
 
     # Running jobs
 
-    def claim(
-        self, queues: list[str], limit: int, *, completing: Sequence[Attempt] = ()
-    ) -> list[Attempt]:
+    def claim(self, queues: list[str], limit: int) -> list[Attempt]:
         """Start up to ``limit`` attempts of due jobs of ``queues`` (each must have a handler
-        here), after completing ``completing``, attempts whose handlers returned (each fenced
-        by its token, as :meth:`complete_many` does), in the same statement. Jobs the claim
-        dead-lettered (an expired attempt with none left) have their on_dead hook called
-        here, once."""
-        return self._claim(queues, limit, completing)[0]
+        here). Jobs the claim dead-lettered (an expired attempt with none left) have their
+        on_dead hook called here, once."""
+        return self._claim(queues, limit)[0]
 
-    def _claim(
-        self, queues: list[str], limit: int, completing: Sequence[Attempt] = ()
-    ) -> tuple[list[Attempt], int]:
+    def _claim(self, queues: list[str], limit: int) -> tuple[list[Attempt], int]:
         """The attempts started, and how many jobs the claim took (dead-lettered ones too)."""
         attempts: list[Attempt] = []
-        claimed_rows = self.store.claim(
-            queues,
-            limit,
-            self.lease,
-            self._now(),
-            [(a.job.id, a.lease_owner) for a in completing],
-        )
+        claimed_rows = self.store.claim(queues, limit, self.lease, self._now())
         for claimed in claimed_rows:
             registration = self.handlers.get(claimed.job.origin_queue)
             if claimed.job.status is JobStatus.DEAD:

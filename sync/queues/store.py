@@ -6,7 +6,7 @@ anything; :class:`sync.queues.postgres.PostgresQueues` does, with the pure decis
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -214,24 +214,9 @@ class JobStore:
         ]
 
     def claim(
-        self,
-        queues: list[str],
-        limit: int,
-        lease: float,
-        now: datetime | None,
-        completing: Sequence[tuple[int, UUID]] = (),
+        self, queues: list[str], limit: int, lease: float, now: datetime | None
     ) -> list[ClaimedJob]:
-        """Complete ``completing`` (job ids with their attempts' tokens, each fenced), then
-        claim up to ``limit`` due jobs of ``queues``, in one statement."""
-        rows = self._all(
-            "claim_jobs",
-            job_ids=[job_id for job_id, _ in completing],
-            lease_owners=[owner for _, owner in completing],
-            queues=queues,
-            limit=limit,
-            lease=lease,
-            now=now,
-        )
+        rows = self._all("claim_jobs", queues=queues, limit=limit, lease=lease, now=now)
         return [
             ClaimedJob(
                 job=job_from_row(r),
