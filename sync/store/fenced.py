@@ -10,8 +10,9 @@ millions of rows within one read. A prepared statement's generic plan is made on
 table as it was then, and kept until the next ANALYZE (never, where autovacuum is off); one
 made while the table was a few rows walked every row of the table's key range to clear a
 handful of tombstone marks, so each batch cost more than the one before. Planned per call,
-each batch is planned for the table as it is, at a cost of well under a millisecond per
-batch."""
+each batch is planned for the table as it is, at about 0.5 ms per batch (EXPLAIN's planning
+time of the batch statement) against the tens of milliseconds a batch of 1,000 records
+takes."""
 
 from __future__ import annotations
 
