@@ -22,7 +22,7 @@ import pytest
 from sync import Engine
 from sync.db import connect, listen_url
 from sync.errors import InvalidInput
-from sync.job_lanes import Lanes
+from sync.job_lanes import Completions, Lanes
 from sync.lease import LeaseKeeper
 from sync.queues import Abort, Job, JobStatus, QueuePolicy, queue_spec
 from sync.queues.postgres import PostgresQueues
@@ -301,3 +301,27 @@ def test_a_job_sent_wakes_the_lanes_of_its_queue_only(engine: Engine) -> None:
         listener.stop()
     assert woken.empty()
     assert not runs_wake.is_set()  # the syncs' loop was not woken by the jobs
+
+
+def test_completions_wait_for_others_to_share_their_statement(engine: Engine) -> None:
+    """A completion waits up to the delay for others to join it (a long one here): three
+    attempts handed over one after another are written by one statement, and stopping writes
+    what is pending at once."""
+    queues = PostgresQueues(engine.pool)
+    queues.declare_queue(queue_spec("docs.ingest"))
+    queues.register("docs.ingest", lambda job, abort: None)
+    ids = [queues.send("docs.ingest", {"doc": n}) for n in range(3)]
+    attempts = queues.claim(["docs.ingest"], 3)
+    assert sorted(a.job.id for a in attempts) == ids
+
+    completions = Completions(queues, delay=3600.0)
+    completions.start()
+    try:
+        completions.submit(attempts[0])
+        assert completions.collecting.wait_for(1)  # the first came; the thread waits for more
+        completions.submit(attempts[1])
+        completions.submit(attempts[2])
+    finally:
+        completions.stop()
+    assert completions.flushes == 1
+    assert all(queues.get_job(i).status is JobStatus.COMPLETED for i in ids)
