@@ -336,10 +336,10 @@ WITH async AS (
            coalesce(s.content_hash = i.content_hash AND s.deleted_at IS NULL
                     AND s.partition IS NOT DISTINCT FROM %(partition)s::text, false)
            AS unchanged,
-           s.missed_by IS NOT NULL AS missed
+           s.missed_by IS NOT NULL AS missed, s.ctid AS stored_at
       FROM incoming i
       LEFT JOIN LATERAL (
-          SELECT content_hash, deleted_at, missed_by, partition FROM records
+          SELECT ctid, content_hash, deleted_at, missed_by, partition FROM records
            WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s
              AND external_id = i.external_id
            LIMIT 1
@@ -357,12 +357,15 @@ WITH async AS (
            partition = EXCLUDED.partition, missed_by = NULL
     RETURNING 1
 ), cleared AS (
-    -- An array of keys, so it stays an index probe per key whatever the plan of the join.
+    -- By the row addresses the probes above found, in this statement's snapshot, for this
+    -- connection's table: a TID scan, one heap fetch per marked row whatever the statistics
+    -- say. By key, the planner could not see how many keys the array held, and on statistics
+    -- taken while the table was small it read every row of the connection's table to clear
+    -- none (a first sync slowed with every batch it wrote). The rows are this run's to write
+    -- (the fence), so no other transaction moves them between the probe and this update.
     UPDATE records r
        SET missed_by = NULL
-     WHERE r.connection_id = %(connection_id)s AND r.table_name = %(table_name)s
-       AND r.external_id = ANY (ARRAY(SELECT external_id FROM compared
-                                       WHERE unchanged AND missed))
+     WHERE r.ctid = ANY (ARRAY(SELECT stored_at FROM compared WHERE unchanged AND missed))
        AND r.missed_by IS NOT NULL
        AND EXISTS (SELECT 1 FROM fence)
     RETURNING 1
@@ -473,11 +476,24 @@ WITH async AS (
     SELECT id FROM connection_runs
      WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
+), found AS (
+    -- The live rows of these keys: one index probe per key (LATERAL, LIMIT 1) whatever the
+    -- statistics say, then updated by address (a TID scan). By key, on statistics taken before
+    -- a new connection's rows came, the planner read every row of the connection's table for
+    -- a few keys. The rows are this run's to write (the fence), so nothing moves them between
+    -- the probe and the update.
+    SELECT s.ctid AS stored_at
+      FROM unnest(%(external_ids)b::text[]) AS k(external_id)
+      CROSS JOIN LATERAL (
+          SELECT ctid FROM records
+           WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s
+             AND external_id = k.external_id AND deleted_at IS NULL
+           LIMIT 1
+      ) s
 ), gone AS (
     UPDATE records
        SET deleted_at = now(), updated_at = now(), written_by = %(lease_owner)s
-     WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s
-       AND external_id = ANY (%(external_ids)b::text[]) AND deleted_at IS NULL
+     WHERE ctid = ANY (ARRAY(SELECT stored_at FROM found)) AND deleted_at IS NULL
        AND EXISTS (SELECT 1 FROM fence)
     RETURNING coalesce(partition, '') AS part
 )
@@ -496,19 +512,27 @@ WITH async AS (
     SELECT id FROM connection_runs
      WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
        FOR SHARE
+), found AS (
+    -- The live rows of these keys, by address, as in tombstone_ids.
+    SELECT s.ctid AS stored_at
+      FROM unnest(%(external_ids)b::text[]) AS k(external_id)
+      CROSS JOIN LATERAL (
+          SELECT ctid FROM records
+           WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s
+             AND external_id = k.external_id AND deleted_at IS NULL
+           LIMIT 1
+      ) s
 ), gone AS (
     UPDATE records
        SET deleted_at = now(), updated_at = now(), written_by = %(lease_owner)s
-     WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s
-       AND external_id = ANY (%(external_ids)b::text[]) AND deleted_at IS NULL
+     WHERE ctid = ANY (ARRAY(SELECT stored_at FROM found)) AND deleted_at IS NULL
        AND missed_by IS NOT NULL AND missed_by <> %(run_id)s
        AND EXISTS (SELECT 1 FROM fence)
     RETURNING coalesce(partition, '') AS part
 ), marked AS (
     UPDATE records
        SET missed_by = %(run_id)s, written_by = %(lease_owner)s
-     WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s
-       AND external_id = ANY (%(external_ids)b::text[]) AND deleted_at IS NULL
+     WHERE ctid = ANY (ARRAY(SELECT stored_at FROM found)) AND deleted_at IS NULL
        AND missed_by IS NULL
        AND EXISTS (SELECT 1 FROM fence)
     RETURNING 1

@@ -184,3 +184,76 @@ def test_no_statement_of_a_table_read_is_prepared_on_the_server(admin: Any, conn
     prepared = conn.execute("SELECT statement FROM pg_prepared_statements").fetchall()
     assert [r["statement"] for r in prepared if "records" in r["statement"]] == []
     assert admin.execute("SELECT count(*) AS n FROM records").fetchone()["n"] == 24
+
+
+def _heap_blocks_read(conn: Any, call: Any) -> tuple[Any, int]:
+    """``call()``'s result and the heap blocks of ``records`` its transaction read."""
+    with conn.transaction():
+        result = call()
+        row = conn.execute(
+            "SELECT pg_stat_get_xact_blocks_fetched('records'::regclass) AS n"
+        ).fetchone()
+    return result, row["n"]
+
+
+def test_writes_by_key_read_a_few_blocks_whatever_the_statistics_say(admin: Any, conn: Any) -> None:
+    """The statistics of the records table were taken before a new connection's first sync
+    (where autovacuum is off, or has not caught up), so the planner takes that connection's
+    rows for a handful. Updating rows by an array of keys (a batch clearing the missed marks of
+    its unchanged rows, deletions, a shifting listing's missing keys) then read every row of the
+    connection's table: each batch of a first sync cost more than the one before. Probed key by
+    key and updated by address, each reads a few heap blocks whatever the table holds."""
+    admin.execute(SETUP)
+    admin.execute("ALTER TABLE records SET (autovacuum_enabled = false)")
+    admin.execute(  # another connection's rows, all the statistics know of
+        "INSERT INTO records (connection_id, table_name, external_id, data, content_hash,"
+        " written_by) SELECT 2, 'items', k::text, '{}', '\\x00', gen_random_uuid()"
+        " FROM generate_series(1, 100) k"
+    )
+    admin.execute("ANALYZE records")
+    admin.execute(
+        "INSERT INTO records (connection_id, table_name, external_id, data, content_hash,"
+        " written_by)"
+        " SELECT 1, 'items', k::text, jsonb_build_object('pad', repeat('x', 400)), '\\x00',"
+        " gen_random_uuid() FROM generate_series(1, 20000) k"
+    )
+    pages = admin.execute(
+        "SELECT pg_relation_size('records') / current_setting('block_size')::int AS n"
+    ).fetchone()["n"]
+    assert pages > 1000
+    lease = _running_run(admin)
+    admin.execute(
+        "UPDATE records SET missed_by = %s WHERE external_id IN ('7', '9')", (lease.id - 1,)
+    )
+    writes = TableWrites(conn, lease, 1, "items")
+    checkpoint = SliceSave("", {"page": 1}, done=False, resync=True, pages=1, total=None)
+
+    written, batch = _heap_blocks_read(
+        conn,
+        lambda: writes.write_batch(
+            ["7", "new"],
+            ["{}", "{}"],
+            [b"\x00", b"\x01"],
+            partition=None,
+            track_seen=True,
+            checkpoint=checkpoint,
+            progress={"progress": None, "total_units": None},
+        ),
+    )
+    tombstoned, deletions = _heap_blocks_read(conn, lambda: writes.tombstone_ids(["8", "gone"]))
+    missing, listing = _heap_blocks_read(conn, lambda: writes.mark_missing(["9", "10"]))
+
+    assert max(batch, deletions, listing) < 50, (batch, deletions, listing, pages)
+    assert (written.upserted, written.unchanged) == (1, 1)
+    assert tombstoned == {"": 1} and missing == {"": 1}
+    rows = admin.execute(
+        "SELECT external_id, missed_by IS NOT NULL AS missed, deleted_at IS NOT NULL AS deleted"
+        " FROM records WHERE connection_id = 1 AND external_id IN ('7', '8', '9', '10')"
+        " ORDER BY external_id::int"
+    ).fetchall()
+    assert [(r["external_id"], r["missed"], r["deleted"]) for r in rows] == [
+        ("7", False, False),  # seen unchanged: its mark cleared
+        ("8", False, True),  # reported deleted
+        ("9", True, True),  # missed by two complete listings
+        ("10", True, False),  # missed once: marked
+    ]
