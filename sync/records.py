@@ -185,6 +185,7 @@ class RecordWriter:
         self._total_estimated = checkpoint.total_estimated if checkpoint else False
         # Records of the slice written by this run (earlier attempts too), for its exact size.
         self._slice_records = checkpoint.records if checkpoint else 0
+        self._resumed = checkpoint is not None
         # Tombstone unseen rows at the end: always for a full table; for an incremental one
         # once the provider asked for a resync (in this attempt or an earlier one).
         self._full = self._table.mode is Mode.FULL or bool(checkpoint and checkpoint.resync)
@@ -296,6 +297,12 @@ class RecordWriter:
                 self._in_flight.submit(write)
             else:
                 write()
+        elif done and not self._resumed and self._slice_records == 0 and self._position is None:
+            # A slice read empty from its start needs no checkpoint of its end: lost in a
+            # crash, it costs a read of nothing again. The tombstone pass and the finish go by
+            # what this attempt knows, and no earlier attempt's read of the slice counts (it
+            # would have a checkpoint). One statement fewer for every empty table of a run.
+            pass
         elif done or self._position != self._saved_position:
             self._saved_position = self._position
             self._writes.save_checkpoint(checkpoint, self._progress.snapshot())

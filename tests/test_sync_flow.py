@@ -95,6 +95,34 @@ def test_a_sync_publishes_records_then_tombstones_and_revives(engine: Engine, ad
     assert admin.execute("SELECT count(*) AS n FROM run_seen_keys").fetchone()["n"] == 0
 
 
+def test_an_empty_table_ends_without_a_checkpoint_and_still_tombstones(
+    engine: Engine, admin: Any
+) -> None:
+    """A table read empty from its start saves no checkpoint of its end (one statement fewer
+    per empty table); its tombstone pass and the stamp of its complete pass still run."""
+    key, data = new_dataset(items=items(1, 2), notes=[])
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+    first = sync_once(engine, conn.id)
+    data.tables["items"] = []
+    second = sync_once(engine, conn.id)
+
+    assert (first.status, second.status) == ("succeeded", "succeeded")
+    assert second.results["items"]["tombstoned"] == 2
+    assert tombstoned(admin, conn.id) == {"1", "2"}
+    saved = admin.execute(
+        "SELECT run_id, table_name FROM run_checkpoints WHERE run_id IN (%s, %s)",
+        (first.id, second.id),
+    ).fetchall()
+    assert [(r["run_id"], r["table_name"]) for r in saved] == [(first.id, "items")]
+    stamps = admin.execute(
+        "SELECT table_name FROM table_state WHERE connection_id = %s"
+        " AND last_full_sync_at >= %s ORDER BY table_name",
+        (conn.id, second.started_at),
+    ).fetchall()
+    assert [r["table_name"] for r in stamps] == ["items", "notes"]
+
+
 def test_missing_keys_past_the_confirmation_bound_wait_for_a_second_listing(
     engine: Engine, admin: Any
 ) -> None:
