@@ -360,8 +360,8 @@ WITH async AS (
     -- By the row addresses the probes above found, in this statement's snapshot, for this
     -- connection's table: a TID scan, one heap fetch per marked row whatever the statistics
     -- say. By key, the planner could not see how many keys the array held, and on statistics
-    -- taken while the table was small it read every row of the connection's table to clear
-    -- none (a first sync slowed with every batch it wrote). The rows are this run's to write
+    -- taken before the connection's rows came it read every row of the connection's table to
+    -- clear none (a first sync slowed with every batch it wrote). The rows are this run's to write
     -- (the fence), so no other transaction moves them between the probe and this update.
     UPDATE records r
        SET missed_by = NULL
