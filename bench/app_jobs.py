@@ -2,7 +2,8 @@
 ``python -m bench.app_jobs --url URL --mode drain|serve --lanes N``.
 
 Its application (``setup``) declares the standard queue ``bench.noop``, whose handler does
-nothing. ``drain``: prints ``READY``, waits for a line on stdin, runs ``Worker.run()`` (no
+nothing (with ``--batch N``, a batch handler of N jobs at a time, as pg-boss's ``batchSize``:
+``setup_batch``). ``drain``: prints ``READY``, waits for a line on stdin, runs ``Worker.run()`` (no
 LISTEN) with ``N`` lanes of the queue until ``--jobs`` jobs have completed, and prints one JSON
 line. ``serve``: ``Worker.run()`` with LISTEN/NOTIFY until SIGTERM, for bench/latency.py: its
 handler prints ``START <time>`` as each job starts."""
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -35,11 +37,25 @@ def handle(job: Job, abort: Abort) -> None:
     _done.release()
 
 
+def handle_batch(jobs: list[Job], abort: Abort) -> None:
+    for _ in jobs:
+        _done.release()
+
+
 def setup(queues: Queues) -> None:
     global _queues
     _queues = queues
     declare(queues)
     queues.register(QUEUE, handle)
+
+
+def setup_batch(queues: Queues) -> None:
+    declare(queues)
+    queues.register_batch(QUEUE, handle_batch, size=_batch_size())
+
+
+def _batch_size() -> int:
+    return int(os.environ.get("BENCH_BATCH_SIZE", "100"))
 
 
 def main() -> None:
@@ -53,6 +69,7 @@ def main() -> None:
     parser.add_argument("--lanes", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=0)
     parser.add_argument("--poll-interval", type=float, default=2.0)
+    parser.add_argument("--batch", type=int, default=0, help="a batch handler of this size")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
@@ -68,7 +85,11 @@ def main() -> None:
             print("READY", flush=True)
             worker.run()
             return
-        worker = engine.worker(listen=False, apps=["bench.app_jobs:setup"])
+        app = "bench.app_jobs:setup"
+        if args.batch:
+            os.environ["BENCH_BATCH_SIZE"] = str(args.batch)
+            app = "bench.app_jobs:setup_batch"
+        worker = engine.worker(listen=False, apps=[app])
         print("READY", flush=True)
         sys.stdin.readline()
         thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)

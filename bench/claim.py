@@ -181,9 +181,10 @@ def _go(procs: list[Any]) -> None:
 # -- ours: application jobs ----------------------------------------------------------------
 
 
-def drain_jobs(url: str, n: int, lanes: int) -> float:
+def drain_jobs(url: str, n: int, lanes: int, batch: int = 0) -> float:
     """Send ``n`` jobs to the application queue ``bench.noop``, drain them with one worker
-    process of ``lanes`` lanes, return jobs/s (first attempt's start to last one's end)."""
+    process of ``lanes`` lanes (with ``batch``, each runs a batch handler of that many jobs),
+    return jobs/s (first attempt's start to last one's end)."""
     from bench import app_jobs
 
     with connect(url) as conn:
@@ -196,7 +197,10 @@ def drain_jobs(url: str, n: int, lanes: int) -> float:
             {"q": app_jobs.QUEUE, "n": n},
         )
     proc = spawn(
-        [python(), "-m", "bench.app_jobs", "--url", url, "--lanes", str(lanes), "--jobs", str(n)],
+        [
+            *(python(), "-m", "bench.app_jobs", "--url", url),
+            *("--lanes", str(lanes), "--jobs", str(n), "--batch", str(batch)),
+        ],
         stdin=subprocess.PIPE,
     )
     if proc.stdout.readline().strip() != "READY":  # type: ignore[union-attr]
@@ -442,6 +446,14 @@ def main() -> None:
                 lambda lanes=lanes: drain_jobs(url, n, lanes),  # type: ignore[misc]
             )
             for lanes in (1, 8, 32)
+        )
+        # A batch handler, as pg-boss's batchSize: one claim, one call and one completion
+        # statement for up to 100 jobs; one lane, as pg-boss's one fetch() loop.
+        tasks.append(
+            (
+                Result("connector-sync jobs", "batch handler of 100, 1 lane", 1),
+                lambda: drain_jobs(url, n, 1, batch=100),
+            )
         )
         for form, (claim_sql, finish_sql) in BARE_FORMS.items():
             tasks.append(

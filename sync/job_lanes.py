@@ -7,7 +7,9 @@ Per queue, one idle lane at a time is the *poller*: on a standard queue it claim
 every lane not running a handler and as many again to start while its next claim is on the way
 (each held by the lease keeper from the claim on); on an exclusive queue one job. It hands the
 rest of the batch to the other lanes as they come free, and when nothing is due waits for a
-NOTIFY of its queue (the worker's Listener calls :meth:`Lanes.wake`) or the poll interval.
+NOTIFY of its queue (the worker's Listener calls :meth:`Lanes.wake`) or the poll interval. On a
+queue with a batch handler the poller claims one batch, of the handler's size, for itself and
+runs it at once; the next idle lane claims the next batch meanwhile.
 Every attempt's lease is held by the worker's one :class:`LeaseKeeper`, on a connection of its
 own, so lanes that hold every pooled connection never delay a renewal.
 
@@ -92,6 +94,7 @@ class _Queue:
     name: str
     lanes: int
     batch: bool  # standard queues claim for every idle lane at once
+    size: int | None = None  # a batch handler's: each lane claims and runs that many at once
     cond: threading.Condition = field(default_factory=threading.Condition)
     claimed: deque[Attempt] = field(default_factory=deque)  # claimed, not started yet
     waiting: int = 0  # idle lanes waiting for the poller
@@ -127,8 +130,11 @@ class Completions:
         self._thread.start()
 
     def submit(self, attempt: Attempt) -> None:
+        self.submit_many([attempt])
+
+    def submit_many(self, attempts: list[Attempt]) -> None:
         with self._cond:
-            self._pending.append(attempt)
+            self._pending.extend(attempts)
             self._cond.notify()
 
     def stop(self) -> None:
@@ -186,7 +192,11 @@ class Lanes:
         self._groups: dict[str, _Queue] = {}
         for name, count in sorted(served.items()):
             policy = queues.get_queue(name).policy
-            self._groups[name] = _Queue(name, count, batch=policy is QueuePolicy.STANDARD)
+            registration = queues.handlers.get(name)
+            size = None if registration is None else registration.batch
+            self._groups[name] = _Queue(
+                name, count, batch=policy is QueuePolicy.STANDARD, size=size
+            )
         self._running: dict[int, Attempt] = {}
         self._watches: dict[int, Watch] = {}  # the lease of every attempt claimed here
         self._running_lock = threading.Lock()
@@ -277,23 +287,26 @@ class Lanes:
     def _lane(self, group: _Queue) -> None:
         while not self._stopping.is_set():
             try:
-                attempt = self._next(group)
-                if attempt is not None:
-                    self._run(group, attempt)
+                attempts = self._next(group)
+                if len(attempts) == 1 and group.size is None:
+                    self._run(group, attempts[0])
+                elif attempts:
+                    self._run_batch(group, attempts)
             except Exception:  # a bug must not end the lane quietly: log it and go on
                 self.failures += 1
                 log.exception("lane of queue %s failed", group.name)
                 self._stopping.wait(RETRY_AFTER)
 
-    def _next(self, group: _Queue) -> Attempt | None:
-        """The next attempt for this lane: one already claimed for it, or, as the queue's
-        poller, a fresh claim; None after waiting for a NOTIFY or the poll interval."""
+    def _next(self, group: _Queue) -> list[Attempt]:
+        """What this lane runs next: an attempt already claimed for it, or, as the queue's
+        poller, a fresh claim (all of it on a queue with a batch handler); nothing after
+        waiting for a NOTIFY or the poll interval."""
         with group.cond:
             while True:
                 if self._stopping.is_set():
-                    return None
+                    return []
                 if group.claimed:
-                    return group.claimed.popleft()
+                    return [group.claimed.popleft()]
                 if not group.poller:
                     group.poller = True
                     break
@@ -302,14 +315,16 @@ class Lanes:
                 group.waiting -= 1
             # A standard queue claims for every lane not running a handler, and as many again
             # to start while the next claim is on its way, so short jobs never wait for one.
-            if group.batch and group.lanes > 1:
+            if group.size is not None:
+                limit = group.size
+            elif group.batch and group.lanes > 1:
                 limit = max(group.lanes - group.running + group.lanes - len(group.claimed), 1)
             else:
                 limit = 1
             group.woken = False
         try:
             began = time.monotonic()
-            attempts = self.queues.claim([group.name], limit)
+            attempts = self.queues.claim([group.name], limit, together=group.size is not None)
             if self._metrics is not None:
                 took = time.monotonic() - began
                 self._metrics.job_claim_seconds.labels(group.name).observe(took)
@@ -324,16 +339,20 @@ class Lanes:
             attempts = []
             self._stopping.wait(RETRY_AFTER)
         with group.cond:
+            if attempts and group.size is not None:
+                group.poller = False
+                group.cond.notify()  # the next lane claims the next batch meanwhile
+                return attempts
             if attempts:
                 group.poller = False
                 group.claimed.extend(attempts[1:])
                 # As many waiting lanes as there are jobs for them, and one to claim next.
                 group.cond.notify(len(attempts))
-                return attempts[0]
+                return attempts[:1]
             if not group.woken and not self._stopping.is_set():
                 group.cond.wait(self.settings.poll_interval)
             group.poller = False
-            return None
+            return []
 
     def _watch(self, attempt: Attempt) -> None:
         lease = min(self.queues.lease, attempt.spec.expire)
@@ -373,6 +392,37 @@ class Lanes:
                 group.running -= 1
             with self._running_lock:
                 self._running.pop(job.id, None)
+
+    def _run_batch(self, group: _Queue, attempts: list[Attempt]) -> None:
+        """Run a batch handler over the batch this lane claimed (see ``_run``)."""
+        if self._stopping.is_set() or attempts[0].signal.is_set:
+            for attempt in attempts:
+                self._hand_back(attempt)
+            return
+        with self._running_lock:
+            for attempt in attempts:
+                self._running[attempt.job.id] = attempt
+        with group.cond:
+            group.running += 1
+        began = time.monotonic()
+        try:
+            outcomes = self.queues.execute_batch(
+                attempts, complete_later=self.completions.submit_many
+            )
+            self.attempts_run += len(attempts)
+            if self._metrics is not None:
+                took = time.monotonic() - began
+                for outcome in outcomes:
+                    ended = outcome.value if outcome is not None else "lost"
+                    self._metrics.job_seconds.labels(group.name, ended).observe(took)
+        finally:
+            for attempt in attempts:
+                self._unwatch(attempt)
+            with group.cond:
+                group.running -= 1
+            with self._running_lock:
+                for attempt in attempts:
+                    self._running.pop(attempt.job.id, None)
 
     def _hand_back(self, attempt: Attempt) -> None:
         self._unwatch(attempt)

@@ -527,6 +527,132 @@ class QueuesContract:
         assert [a.outcome for a in harness.queues.attempts(job_id)] == [AttemptOutcome.CANCELLED]
         assert harness.runner.run_due() == 0
 
+    # Batch handlers
+
+    def test_a_batch_handler_gets_due_jobs_together_and_completes_them_all(
+        self, harness: Harness
+    ) -> None:
+        harness.declare("docs.embed")
+        harness.declare("docs.ingest")
+        batches: list[list[Any]] = []
+        single = Recorder()
+        harness.queues.register_batch(
+            "docs.embed", lambda jobs, abort: batches.append([j.payload["n"] for j in jobs]), size=3
+        )
+        harness.queues.register("docs.ingest", single)
+        ids = [harness.queues.send("docs.embed", {"n": n}) for n in range(7)]
+        other = harness.queues.send("docs.ingest", {"n": 99})
+
+        assert harness.runner.run_due() == 8
+        assert [len(b) for b in batches] == [3, 3, 1]  # one queue's jobs, at most 3 a call
+        assert sorted(n for b in batches for n in b) == list(range(7))
+        assert single.payloads == [{"n": 99}]
+        for job_id in [*ids, other]:
+            job = harness.queues.get_job(job_id)
+            assert (job.status, job.attempts, job.error) == (JobStatus.COMPLETED, 1, None)
+            assert [a.outcome for a in harness.queues.attempts(job_id)] == [
+                AttemptOutcome.COMPLETED
+            ]
+        assert harness.runner.run_due() == 0
+
+    def test_run_due_stops_a_batch_at_its_limit(self, harness: Harness) -> None:
+        harness.declare("docs.embed")
+        sizes: list[int] = []
+        harness.queues.register_batch(
+            "docs.embed", lambda jobs, abort: sizes.append(len(jobs)), size=10
+        )
+        for n in range(5):
+            harness.queues.send("docs.embed", {"n": n})
+
+        assert harness.runner.run_due(limit=4) == 4
+        assert harness.runner.run_due() == 1
+        assert sizes == [4, 1]
+
+    def test_a_failing_batch_fails_an_attempt_of_each_of_its_jobs(self, harness: Harness) -> None:
+        harness.declare("docs.dead")
+        harness.declare("docs.embed", retry_limit=1, retry_delay=10, dead_letter="docs.dead")
+        failing = [True]
+        seen: list[list[int]] = []
+        dead = DeadLog()
+
+        def handler(jobs: list[Job], abort: Abort) -> None:
+            seen.append([j.attempts for j in jobs])
+            if failing[0]:
+                raise RuntimeError(f"cannot embed {len(jobs)} documents")
+
+        harness.queues.register_batch("docs.embed", handler, size=10, on_dead=dead)
+        first, second = (harness.queues.send("docs.embed", {"n": n}) for n in range(2))
+
+        assert harness.runner.run_due() == 2
+        for job_id in (first, second):
+            job = harness.queues.get_job(job_id)
+            assert (job.status, job.attempts) == (JobStatus.RETRYING, 1)
+            assert job.error == "RuntimeError: cannot embed 2 documents"
+        harness.make_due(first)
+        harness.make_due(second)
+        assert harness.runner.run_due() == 2
+        assert seen == [[1, 1], [2, 2]]
+        assert sorted(j.id for j in dead.jobs) == [first, second]  # the hook, once per job
+        assert {harness.queues.get_job(i).status for i in (first, second)} == {JobStatus.DEAD}
+
+        failing[0] = False
+        assert harness.queues.redrive("docs.dead") == Redrive((first, second), ())
+        assert harness.runner.run_due() == 2
+        assert {harness.queues.get_job(i).status for i in (first, second)} == {JobStatus.COMPLETED}
+        assert len(dead.jobs) == 2
+
+    def test_a_cancel_sets_the_abort_of_its_batch_and_the_rest_complete(
+        self, harness: Harness
+    ) -> None:
+        harness.declare("docs.embed")
+        entered, release = threading.Event(), threading.Event()
+        aborts: list[Abort] = []
+
+        def handler(jobs: list[Job], abort: Abort) -> None:
+            aborts.append(abort)
+            entered.set()
+            assert release.wait(WAIT), "the test never released the handler"
+
+        harness.queues.register_batch("docs.embed", handler, size=10)
+        ids = [harness.queues.send("docs.embed", {"n": n}) for n in range(3)]
+
+        with in_thread(harness.runner.run_due):
+            assert entered.wait(WAIT)
+            assert not aborts[0].is_set
+            assert harness.queues.cancel_job(ids[1]).status is JobStatus.CANCELLED
+            assert aborts[0].is_set
+            release.set()
+
+        statuses = [harness.queues.get_job(i).status for i in ids]
+        assert statuses == [JobStatus.COMPLETED, JobStatus.CANCELLED, JobStatus.COMPLETED]
+        assert len(aborts) == 1
+
+    def test_a_batch_handler_reports_progress_on_every_job_of_its_batch(
+        self, harness: Harness
+    ) -> None:
+        harness.declare("docs.embed")
+        reports: list[bool] = []
+
+        def handler(jobs: list[Job], abort: Abort) -> None:
+            reports.append(abort.report_progress(len(jobs), 10))
+
+        harness.queues.register_batch("docs.embed", handler, size=10)
+        ids = [harness.queues.send("docs.embed", {"n": n}) for n in range(2)]
+        assert harness.runner.run_due() == 2
+
+        assert reports == [True]
+        for job_id in ids:
+            job = harness.queues.get_job(job_id)
+            assert (job.processed_units, job.total_units) == (2, 10)
+
+    @pytest.mark.parametrize("size", [0, -1, 1001, 2.5, True])
+    def test_a_batch_size_out_of_range_is_refused(self, harness: Harness, size: Any) -> None:
+        harness.declare("docs.embed")
+        with pytest.raises(InvalidInput) as exc:
+            harness.queues.register_batch("docs.embed", lambda jobs, abort: None, size=size)
+        assert "batch size" in one_line(exc)
+        harness.queues.register_batch("docs.embed", lambda jobs, abort: None, size=1000)
+
     # Expiry
 
     @pytest.mark.concurrent

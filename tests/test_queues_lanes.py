@@ -211,6 +211,52 @@ def test_a_standard_queue_claims_the_jobs_for_its_idle_lanes_in_one_batch(
     assert len(started) == 1, started
 
 
+def test_lanes_of_a_batch_handler_each_claim_and_complete_a_batch_in_one_statement(
+    engine: Engine, keeper: tuple[LeaseKeeper, Ticks], admin: Any
+) -> None:
+    queues = PostgresQueues(engine.pool)
+    queues.declare_queue(queue_spec("docs.embed"))
+    release = threading.Event()
+    batches: list[list[int]] = []
+    cond = threading.Condition()
+
+    def embed(jobs: list[Job], abort: Abort) -> None:
+        with cond:
+            batches.append([job.id for job in jobs])
+            cond.notify_all()
+        assert release.wait(WAIT)
+
+    queues.register_batch("docs.embed", embed, size=4)
+    ids = [queues.send("docs.embed", {"doc": n}) for n in range(8)]
+    lanes = Lanes(queues, {"docs.embed": 2}, keeper[0], engine.settings)
+    lanes.start()
+    try:
+        with cond:  # both lanes inside the handler at once, each with a batch of its own
+            assert cond.wait_for(lambda: len(batches) == 2, WAIT), batches
+        release.set()
+        until(
+            lambda: all(queues.get_job(i).status is JobStatus.COMPLETED for i in ids),
+            lanes.completions.flushed,
+        )
+    finally:
+        release.set()
+        lanes.stop()
+    assert sorted(len(b) for b in batches) == [4, 4]
+    assert sorted(i for b in batches for i in b) == ids
+    rows = admin.execute(
+        "SELECT j.id, j.started_at, a.finished_at, a.outcome FROM jobs j "
+        "JOIN job_attempts a ON a.job_id = j.id"
+    ).fetchall()
+    by_job = {r["id"]: r for r in rows}
+    assert {r["outcome"] for r in rows} == {"completed"} and len(rows) == 8
+    for batch in batches:
+        # One claim statement started the batch and one statement completed it (the two
+        # batches' completions may share one): each shares its transaction's now().
+        assert len({by_job[i]["started_at"] for i in batch}) == 1
+        assert len({by_job[i]["finished_at"] for i in batch}) == 1
+    assert lanes.attempts_run == 8
+
+
 def _spawn(schema: str, worker_id: str, lease: float) -> subprocess.Popen[str]:
     env = {
         **os.environ,

@@ -16,11 +16,22 @@ from sync.queues.models import (
     Redrive,
     Schedule,
 )
-from sync.queues.port import Abort, DeadHook, Handler, JobRunner, JobSender, Queues
+from sync.queues.port import (
+    MAX_BATCH,
+    Abort,
+    BatchHandler,
+    DeadHook,
+    Handler,
+    JobRunner,
+    JobSender,
+    Queues,
+)
 
 __all__ = [
+    "MAX_BATCH",
     "Abort",
     "AttemptOutcome",
+    "BatchHandler",
     "Clock",
     "DeadHook",
     "Handler",

@@ -43,7 +43,7 @@ from sync.queues.models import (
     Schedule,
 )
 from sync.queues.payloads import json_payload
-from sync.queues.port import DeadHook, Handler, JobRunner, Queues
+from sync.queues.port import BatchHandler, DeadHook, Handler, JobRunner, Queues
 from sync.queues.registry import HandlerRegistry, Registration
 from sync.queues.retries import Fate, fate_after
 
@@ -55,7 +55,8 @@ _TAKEN_AWAY = (AttemptOutcome.CANCELLED, AttemptOutcome.EXPIRED)
 
 
 class _AttemptAbort:
-    """The abort signal of one attempt, and its progress report."""
+    """The abort signal of one attempt (or of every attempt of one batch), and its progress
+    report."""
 
     def __init__(self, report: Callable[[int, int | None], bool]) -> None:
         self._event = threading.Event()
@@ -73,6 +74,9 @@ class _AttemptAbort:
 
     def report_progress(self, processed: int, total: int | None = None) -> bool:
         return self._report(processed, total)
+
+    def report_to(self, report: Callable[[int, int | None], bool]) -> None:
+        self._report = report
 
 
 @dataclass
@@ -208,6 +212,16 @@ class InMemoryQueues(Queues, JobRunner):
 
     def register(self, queue: str, handler: Handler, *, on_dead: DeadHook | None = None) -> None:
         self._handlers.register(queue, handler, on_dead=on_dead)
+
+    def register_batch(
+        self,
+        queue: str,
+        handler: BatchHandler,
+        *,
+        size: int = 100,
+        on_dead: DeadHook | None = None,
+    ) -> None:
+        self._handlers.register(queue, handler, on_dead=on_dead, batch=size)
 
     # Jobs
 
@@ -377,13 +391,38 @@ class InMemoryQueues(Queues, JobRunner):
         while ran < limit:
             with self._lock:
                 claim, dead = self._claim(self._clock.now())
+                batch = self._batch_of(claim, limit - ran, dead)
             self._call_hooks(dead)
             if claim is None:
                 break
-            error = self._run(claim)
-            self._call_hooks(self._finish(claim, error))
-            ran += 1
+            if claim.registration.batch is None:
+                error = self._run(claim)
+                self._call_hooks(self._finish(claim, error))
+                ran += 1
+                continue
+            error = self._run_batch(batch)
+            for member in batch:
+                self._call_hooks(self._finish(member, error))
+            ran += len(batch)
         return ran
+
+    def _batch_of(self, claim: _Claim | None, room: int, dead: list[_DeadCall]) -> list[_Claim]:
+        """For a claim of a batch handler's queue, the batch it heads: more due jobs of that
+        queue, up to the handler's size (or ``room``), sharing its abort signal. Under the
+        lock."""
+        if claim is None or claim.registration.batch is None:
+            return [] if claim is None else [claim]
+        batch = [claim]
+        now = self._clock.now()
+        while len(batch) < min(claim.registration.batch, room):
+            more, gone = self._claim(now, only=claim.job.origin_queue, abort=claim.abort)
+            dead.extend(gone)
+            if more is None:
+                break
+            batch.append(more)
+        held = [(member.job.id, member.token) for member in batch]
+        claim.abort.report_to(functools.partial(self._report_all, held))
+        return batch
 
     def prune(self) -> int:
         with self._lock:
@@ -478,11 +517,14 @@ class InMemoryQueues(Queues, JobRunner):
         entry.finished_at = None
         self._hold(entry, slot)
 
-    def _claim(self, now: datetime) -> tuple[_Claim | None, list[_DeadCall]]:
-        """Start an attempt of the due job that has waited longest, in a queue with a handler.
-        An active attempt past its expiry is taken back on the way: retried by this claim, or
-        dead-lettered when its attempts are spent."""
-        served = self._handlers.queues()
+    def _claim(
+        self, now: datetime, *, only: str | None = None, abort: _AttemptAbort | None = None
+    ) -> tuple[_Claim | None, list[_DeadCall]]:
+        """Start an attempt of the due job that has waited longest, in a queue with a handler
+        (``only`` that queue, when given). An active attempt past its expiry is taken back on
+        the way: retried by this claim, or dead-lettered when its attempts are spent.
+        ``abort``: the signal the attempt shares with its batch."""
+        served = self._handlers.queues() if only is None else {only}
         dead: list[_DeadCall] = []
         while True:
             due = [
@@ -514,7 +556,8 @@ class InMemoryQueues(Queues, JobRunner):
             registration = self._handlers.get(entry.origin_queue)
             assert registration is not None
             token = next(self._tokens)
-            abort = _AttemptAbort(functools.partial(self._report, entry.id, token))
+            if abort is None:
+                abort = _AttemptAbort(functools.partial(self._report, entry.id, token))
             entry.status = JobStatus.ACTIVE
             entry.attempts += 1
             entry.token = token
@@ -539,6 +582,11 @@ class InMemoryQueues(Queues, JobRunner):
                 entry.total_units = total
             return True
 
+    def _report_all(self, held: list[tuple[int, int]], processed: int, total: int | None) -> bool:
+        """A batch handler's progress, on every job of its batch; True when each recorded it."""
+        recorded = [self._report(job_id, token, processed, total) for job_id, token in held]
+        return all(recorded)
+
     def _holds(self, entry: _Entry | None, token: int) -> bool:
         """Whether the attempt with ``token`` still holds the job: it was neither cancelled
         nor taken back, and has not outlived its expiry."""
@@ -552,7 +600,7 @@ class InMemoryQueues(Queues, JobRunner):
     def _run(self, claim: _Claim) -> str | None:
         """Run the handler; the failure as one line, or None when it returned."""
         try:
-            claim.registration.handler(claim.job, claim.abort)
+            claim.registration.handler(claim.job, claim.abort)  # type: ignore[arg-type]
         except Exception as exc:
             error = one_line(exc)
             log.warning(
@@ -561,6 +609,19 @@ class InMemoryQueues(Queues, JobRunner):
                 claim.job.queue,
                 claim.job.attempts,
                 error,
+            )
+            return error
+        return None
+
+    def _run_batch(self, batch: list[_Claim]) -> str | None:
+        """Run a batch handler once over the batch; the failure as one line, or None."""
+        head = batch[0]
+        try:
+            head.registration.handler([c.job for c in batch], head.abort)  # type: ignore[arg-type]
+        except Exception as exc:
+            error = one_line(exc)
+            log.warning(
+                "a batch of %d job(s) of queue %s failed: %s", len(batch), head.job.queue, error
             )
             return error
         return None

@@ -37,6 +37,14 @@ class Abort(Protocol):
 # attempt. It may run more than once for one job (a retry, an attempt taken back after its
 # expiry), so it must be safe to repeat.
 Handler = Callable[[Job, Abort], object]
+# A batch handler runs one attempt of each job of a batch: up to the size it was registered
+# with, all of one queue, claimed together (as pg-boss's ``work()`` with a ``batchSize``). It
+# returns to complete every job of the batch in one statement, and raises to fail an attempt of
+# each. Its abort is set when any job of the batch is cancelled or taken back, or the worker is
+# stopping; a handler that stops early raises, so the jobs it did not finish are retried.
+BatchHandler = Callable[[list[Job], Abort], object]
+# The most jobs a batch handler may be registered for: one claim, one completion statement.
+MAX_BATCH = 1000
 # Called once when a job of the queue runs out of attempts, with the dead job: the place to mark
 # the item it worked on as failed where a person sees it.
 DeadHook = Callable[[Job], object]
@@ -76,6 +84,18 @@ class Queues(JobSender, Protocol):
     def register(
         self, queue: str, handler: Handler, *, on_dead: DeadHook | None = None
     ) -> None: ...
+
+    def register_batch(
+        self,
+        queue: str,
+        handler: BatchHandler,
+        *,
+        size: int = 100,
+        on_dead: DeadHook | None = None,
+    ) -> None:
+        """Register a :data:`BatchHandler`: it gets up to ``size`` due jobs of ``queue`` at a
+        time (1 to :data:`MAX_BATCH`). ``on_dead`` is called per job, as for :meth:`register`."""
+        ...
 
     # Jobs
     def get_job(self, job_id: int) -> Job: ...

@@ -11,6 +11,7 @@ single-threaded tools use :meth:`run_due`."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -39,7 +40,7 @@ from sync.queues.models import (
     Schedule,
 )
 from sync.queues.payloads import json_payload
-from sync.queues.port import DeadHook, Handler, JobRunner, Queues
+from sync.queues.port import BatchHandler, DeadHook, Handler, JobRunner, Queues
 from sync.queues.registry import HandlerRegistry, Registration
 from sync.queues.retries import Fate, fate_after
 from sync.queues.store import ClaimedJob, ConnectionSource, JobStore
@@ -164,6 +165,16 @@ class PostgresQueues(Queues, JobRunner):
 
     def register(self, queue: str, handler: Handler, *, on_dead: DeadHook | None = None) -> None:
         self.handlers.register(queue, handler, on_dead=on_dead)
+
+    def register_batch(
+        self,
+        queue: str,
+        handler: BatchHandler,
+        *,
+        size: int = 100,
+        on_dead: DeadHook | None = None,
+    ) -> None:
+        self.handlers.register(queue, handler, on_dead=on_dead, batch=size)
 
     # Jobs
 
@@ -314,15 +325,19 @@ class PostgresQueues(Queues, JobRunner):
 
     # Running jobs
 
-    def claim(self, queues: list[str], limit: int) -> list[Attempt]:
+    def claim(self, queues: list[str], limit: int, *, together: bool = False) -> list[Attempt]:
         """Start up to ``limit`` attempts of due jobs of ``queues`` (each must have a handler
         here). Jobs the claim dead-lettered (an expired attempt with none left) have their
-        on_dead hook called here, once."""
-        return self._claim(queues, limit)[0]
+        on_dead hook called here, once. ``together``: the attempts of one batch, for
+        :meth:`execute_batch`, share one abort signal."""
+        return self._claim(queues, limit, together=together)[0]
 
-    def _claim(self, queues: list[str], limit: int) -> tuple[list[Attempt], int]:
+    def _claim(
+        self, queues: list[str], limit: int, *, together: bool = False
+    ) -> tuple[list[Attempt], int]:
         """The attempts started, and how many jobs the claim took (dead-lettered ones too)."""
         attempts: list[Attempt] = []
+        shared = AbortSignal() if together else None
         claimed_rows = self.store.claim(queues, limit, self.lease, self._now())
         for claimed in claimed_rows:
             registration = self.handlers.get(claimed.job.origin_queue)
@@ -331,11 +346,13 @@ class PostgresQueues(Queues, JobRunner):
                 self._call_hook(registration, claimed.job)
                 continue
             assert registration is not None, "claimed a job of a queue without a handler"
-            attempts.append(self._started(claimed, registration))
+            attempts.append(self._started(claimed, registration, shared))
         return attempts, len(claimed_rows)
 
-    def _started(self, claimed: ClaimedJob, registration: Registration) -> Attempt:
-        signal = AbortSignal()
+    def _started(
+        self, claimed: ClaimedJob, registration: Registration, signal: AbortSignal | None = None
+    ) -> Attempt:
+        signal = signal or AbortSignal()
         with self._local_lock:
             stale = self._local.get(claimed.job.id)
             self._local[claimed.job.id] = (claimed.lease_owner, signal)
@@ -359,7 +376,7 @@ class PostgresQueues(Queues, JobRunner):
         )
         try:
             try:
-                attempt.registration.handler(job, handle)
+                attempt.registration.handler(job, handle)  # type: ignore[arg-type]
             except Exception as exc:
                 error: str | None = one_line(exc)
                 log.warning(
@@ -379,6 +396,56 @@ class PostgresQueues(Queues, JobRunner):
             with self._local_lock:
                 if self._local.get(job.id, (None,))[0] == attempt.lease_owner:
                     del self._local[job.id]
+
+    def execute_batch(
+        self,
+        attempts: list[Attempt],
+        *,
+        complete_later: Callable[[list[Attempt]], object] | None = None,
+    ) -> list[AttemptOutcome | None]:
+        """Run a batch handler once over the attempts of one :meth:`claim` with ``together``
+        (all of one queue), then apply their ends: every job completed in one statement when
+        it returned (or handed to ``complete_later``, as :meth:`execute` does), an attempt of
+        each failed when it raised. The outcome of each attempt, as :meth:`execute` gives it."""
+        if not attempts:
+            return []
+        jobs = [attempt.job for attempt in attempts]
+        registration = attempts[0].registration
+        handle = AttemptHandle(attempts[0].signal, functools.partial(self._report_all, attempts))
+        try:
+            try:
+                registration.handler(jobs, handle)  # type: ignore[arg-type]
+            except Exception as exc:
+                error = one_line(exc)
+                log.warning(
+                    "a batch of %d job(s) of queue %s failed: %s",
+                    len(jobs),
+                    registration.queue,
+                    error,
+                )
+                return [self._end(attempt, error) for attempt in attempts]
+            if complete_later is not None:
+                complete_later(attempts)
+                return [AttemptOutcome.COMPLETED] * len(attempts)
+            done = self.complete_many(attempts)
+            return [
+                AttemptOutcome.COMPLETED if attempt.job.id in done else None for attempt in attempts
+            ]
+        finally:
+            with self._local_lock:
+                for attempt in attempts:
+                    if self._local.get(attempt.job.id, (None,))[0] == attempt.lease_owner:
+                        del self._local[attempt.job.id]
+
+    def _report_all(self, attempts: list[Attempt], processed: int, total: int | None) -> bool:
+        """A batch handler's progress, recorded on every job of its batch, each fenced by its
+        attempt; True when every one was recorded."""
+        now = self._now()
+        recorded = [
+            self.store.report_progress(a.job.id, a.lease_owner, processed, total, now)
+            for a in attempts
+        ]
+        return all(recorded)
 
     def complete_many(self, attempts: list[Attempt]) -> set[int]:
         """Complete attempts whose handlers returned, in one statement, each fenced by its
@@ -428,15 +495,30 @@ class PostgresQueues(Queues, JobRunner):
 
     def run_due(self, *, limit: int = 1000) -> int:
         self.enqueue_due_schedules()
-        served = sorted(self.handlers.queues())
+        singles: list[Registration] = []
+        batches: list[Registration] = []
+        for queue in sorted(self.handlers.queues()):
+            registration = self.handlers.get(queue)
+            assert registration is not None
+            (singles if registration.batch is None else batches).append(registration)
         ran = 0
-        while served and ran < limit:
-            attempts, taken = self._claim(served, 1)
+        while ran < limit:
+            taken = 0
+            if singles:
+                attempts, taken = self._claim([r.queue for r in singles], 1)
+                for attempt in attempts:
+                    self.execute(attempt)
+                    ran += 1
+            for registration in batches:
+                if taken or ran >= limit:
+                    break
+                assert registration.batch is not None
+                size = min(registration.batch, limit - ran)
+                attempts, taken = self._claim([registration.queue], size, together=True)
+                self.execute_batch(attempts)
+                ran += len(attempts)
             if not taken:
                 break
-            for attempt in attempts:
-                self.execute(attempt)
-                ran += 1
         return ran
 
     def prune(self) -> int:
