@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -90,6 +90,21 @@ def job_from_row(row: Row) -> Job:
         tick=row["tick"],
         processed_units=row["processed_units"],
         total_units=row["total_units"],
+    )
+
+
+@lru_cache(maxsize=256)
+def _claimed_spec(
+    name: str, retry_limit: int, retry_delay: float, retry_ceiling: float, expire: float
+) -> QueueSpec:
+    """The retry terms a claim read with its jobs, validated once per distinct set (a claim of
+    100 jobs of one queue builds one, not 100; the spec is frozen, so they share it)."""
+    return QueueSpec(
+        name=name,
+        retry_limit=retry_limit,
+        retry_delay=retry_delay,
+        retry_ceiling=retry_ceiling,
+        expire=expire,
     )
 
 
@@ -221,12 +236,12 @@ class JobStore:
             ClaimedJob(
                 job=job_from_row(r),
                 lease_owner=r["lease_owner"],
-                spec=QueueSpec(
-                    name=r["origin_queue"],
-                    retry_limit=r["retry_limit"],
-                    retry_delay=r["retry_delay"],
-                    retry_ceiling=r["retry_ceiling"],
-                    expire=r["expire"],
+                spec=_claimed_spec(
+                    r["origin_queue"],
+                    r["retry_limit"],
+                    r["retry_delay"],
+                    r["retry_ceiling"],
+                    r["expire"],
                 ),
             )
             for r in rows
