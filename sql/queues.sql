@@ -180,6 +180,25 @@ RETURNING id;
 -- ours and active, or lost.
 SELECT status, lease_owner = %(lease_owner)s AS ours FROM jobs WHERE id = %(job_id)s;
 
+-- name: renew_job_leases
+-- renew_job_lease for many attempts in one statement (the keeper holds the leases of whole
+-- batches and of many lanes at once), each with its own lease length. The same invariant, per
+-- attempt: only the holder's token renews, only while its lease is valid by the database's
+-- clock and before its deadline. The attempts renewed come back; one missing is lost.
+UPDATE jobs j
+   SET expires_at = least(now() + make_interval(secs => h.seconds), j.deadline_at)
+  FROM unnest(%(job_ids)s::bigint[], %(lease_owners)s::uuid[], %(seconds)s::float8[])
+       AS h(id, owner, seconds)
+ WHERE job_fence_v1(j, h.id, h.owner, NULL) AND j.deadline_at > now()
+RETURNING j.id, j.lease_owner;
+
+-- name: read_job_controls
+-- read_job_control for many attempts in one statement; an attempt whose job is gone comes
+-- back with no status (lost).
+SELECT h.id, h.owner, j.status, j.lease_owner = h.owner AS ours
+  FROM unnest(%(job_ids)s::bigint[], %(lease_owners)s::uuid[]) AS h(id, owner)
+  LEFT JOIN jobs j ON j.id = h.id;
+
 -- name: cancel_job
 -- Cancels a queued, retrying or active job at once; an active attempt is recorded as
 -- cancelled, and its holder learns it from its control read (the token stays on the row, so

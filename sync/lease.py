@@ -54,6 +54,10 @@ class LeaseKind:
     name: str
     renew: Callable[[Connection, Lease, timedelta], bool]
     control: Callable[[Connection, Lease], Control]
+    # The same for many leases in one statement each (the leases renewed; a control per
+    # lease), for kinds a worker holds many of at once; None: one statement per lease.
+    renew_many: Callable[[Connection, list[tuple[Lease, timedelta]]], set[Lease]] | None = None
+    control_many: Callable[[Connection, list[Lease]], dict[Lease, Control]] | None = None
 
 
 def renew_run(conn: Connection, lease: Lease, seconds: timedelta) -> bool:
@@ -78,7 +82,10 @@ def renew_job(conn: Connection, lease: Lease, seconds: timedelta) -> bool:
 
 
 def read_job_control(conn: Connection, lease: Lease) -> Control:
-    found = JobStore.control(conn, lease.id, lease.owner)
+    return _job_control(JobStore.control(conn, lease.id, lease.owner))
+
+
+def _job_control(found: tuple[JobStatus, bool] | None) -> Control:
     if found is None or not found[1]:
         return Control(AbortReason.LEASE_LOST)
     status = found[0]
@@ -87,7 +94,23 @@ def read_job_control(conn: Connection, lease: Lease) -> Control:
     return Control(None if status is JobStatus.ACTIVE else AbortReason.LEASE_LOST)
 
 
-JOBS = LeaseKind("job", renew=renew_job, control=read_job_control)
+def renew_jobs(conn: Connection, leases: list[tuple[Lease, timedelta]]) -> set[Lease]:
+    renewed = JobStore.renew_many(conn, [(lease.id, lease.owner, n) for lease, n in leases])
+    return {lease for lease, _ in leases if (lease.id, lease.owner) in renewed}
+
+
+def read_job_controls(conn: Connection, leases: list[Lease]) -> dict[Lease, Control]:
+    found = JobStore.control_many(conn, [(lease.id, lease.owner) for lease in leases])
+    return {lease: _job_control(found.get((lease.id, lease.owner))) for lease in leases}
+
+
+JOBS = LeaseKind(
+    "job",
+    renew=renew_job,
+    control=read_job_control,
+    renew_many=renew_jobs,
+    control_many=read_job_controls,
+)
 
 
 @dataclass(frozen=True)
@@ -128,6 +151,20 @@ class Watch:
     @property
     def due(self) -> float:
         return min(self.next_renew, self.next_control, self.deadline)
+
+
+def _slack(watch: Watch) -> float:
+    """How early a lease of a kind held many at once is renewed or controlled, to share the
+    statement of the others due about then: half a control interval. Early is harmless (a
+    renewal only extends), and a lease once ticked with the others stays in step with them."""
+    return watch.terms.control_interval / 2 if watch.kind.renew_many is not None else 0.0
+
+
+def _by_kind(watches: list[Watch]) -> dict[LeaseKind, list[Watch]]:
+    grouped: dict[LeaseKind, list[Watch]] = {}
+    for watch in watches:
+        grouped.setdefault(watch.kind, []).append(watch)
+    return grouped
 
 
 class LeaseKeeper:
@@ -242,14 +279,20 @@ class LeaseKeeper:
                     self._wakes_at = float("-inf")  # awake: it looks at every lease again
                     continue
                 self._wakes_at = float("-inf")
-                due = [w for w in self._watches if w.due <= time.monotonic()]
-            for watch in due:
+                now = time.monotonic()
+                due = [w for w in self._watches if w.due <= now + _slack(w)]
+            for kind, watches in _by_kind(due).items():
                 try:
-                    self._tick(watch)
+                    if kind.renew_many is not None:
+                        self._tick_many(kind, watches)
+                    else:
+                        for watch in watches:
+                            self._tick(watch)
                 except Exception:  # a bug here must not end the thread: log it and go on
                     self.failures += 1
-                    watch.log.exception("lease keeper tick failed")
-                    watch.next_control = time.monotonic() + watch.terms.control_interval
+                    log.exception("lease keeper tick failed")
+                    for watch in watches:
+                        watch.next_control = time.monotonic() + watch.terms.control_interval
             if self._on_tick is not None:
                 try:
                     self._on_tick()
@@ -258,45 +301,102 @@ class LeaseKeeper:
 
     def _tick(self, watch: Watch) -> None:
         now = time.monotonic()
-        terms = watch.terms
-        name = watch.kind.name
-        if now >= watch.deadline:
-            watch.log.warning("%s timed out after %.0f s", name, terms.timeout_seconds)
-            watch.abort.trip(AbortReason.TIMEOUT)
-            watch.deadline = float("inf")
+        self._check_timeout(watch, now)
         if now >= watch.next_renew:
-            length = timedelta(seconds=terms.lease_seconds)
+            length = timedelta(seconds=watch.terms.lease_seconds)
             try:
                 renewed = self._call(lambda c: watch.kind.renew(c, watch.lease, length))
             except Exception as exc:
                 self._failed(watch, "renew", exc)
-                watch.next_renew = now + min(5.0, terms.renew_interval)
+                self._renew_failed(watch, now)
             else:
-                watch.next_renew = now + terms.renew_interval
-                if renewed:
-                    watch.valid_until = now + terms.lease_seconds
-                    watch.renewals += 1
-                    self.renewals[name] = self.renewals.get(name, 0) + 1
-                else:
-                    watch.log.warning("lease lost: the renewal matched nothing")
-                    self._lost(watch)
+                self._renewed(watch, renewed, now)
         if now >= watch.next_control:
-            watch.next_control = now + terms.control_interval
+            watch.next_control = now + watch.terms.control_interval
             try:
                 control = self._call(lambda c: watch.kind.control(c, watch.lease))
             except Exception as exc:
                 self._failed(watch, "control", exc)
             else:
-                if control.stop is AbortReason.LEASE_LOST:
-                    watch.log.warning("lease lost: the %s's row is no longer held", name)
-                    self._lost(watch)
-                elif control.stop is not None:
-                    watch.log.info("%s control says %s", name, control.stop.value)
-                    watch.abort.trip(control.stop)
-                if watch.on_control is not None:
-                    watch.on_control(control)
+                self._controlled(watch, control)
+        self._check_valid(watch)
+
+    def _tick_many(self, kind: LeaseKind, watches: list[Watch]) -> None:
+        """``_tick`` of many leases of one kind: their control reads in one statement, then
+        their renewals in another. Controls first: a lease whose job was cancelled is told so,
+        and not renewed (its renewal would only find it no longer active)."""
+        assert kind.renew_many is not None and kind.control_many is not None
+        renew_many, control_many = kind.renew_many, kind.control_many
+        now = time.monotonic()
+        for watch in watches:
+            self._check_timeout(watch, now)
+        stopped: set[int] = set()
+        controlling = [w for w in watches if now + _slack(w) >= w.next_control]
+        if controlling:
+            for watch in controlling:
+                watch.next_control = now + watch.terms.control_interval
+            try:
+                controls = self._call(lambda c: control_many(c, [w.lease for w in controlling]))
+            except Exception as exc:
+                self._failed(controlling[0], f"control of {len(controlling)} leases", exc)
+            else:
+                for watch in controlling:
+                    control = controls[watch.lease]
+                    self._controlled(watch, control)
+                    if control.stop in (AbortReason.CANCELLED, AbortReason.LEASE_LOST):
+                        stopped.add(id(watch))  # its holder is stopping: no renewal now
+                        watch.next_renew = max(watch.next_renew, now + watch.terms.renew_interval)
+        renewing = [w for w in watches if now + _slack(w) >= w.next_renew and id(w) not in stopped]
+        if renewing:
+            leases = [(w.lease, timedelta(seconds=w.terms.lease_seconds)) for w in renewing]
+            try:
+                renewed = self._call(lambda c: renew_many(c, leases))
+            except Exception as exc:
+                self._failed(renewing[0], f"renew of {len(renewing)} leases", exc)
+                for watch in renewing:
+                    self._renew_failed(watch, now)
+            else:
+                for watch in renewing:
+                    self._renewed(watch, watch.lease in renewed, now)
+        for watch in watches:
+            self._check_valid(watch)
+
+    def _check_timeout(self, watch: Watch, now: float) -> None:
+        if now >= watch.deadline:
+            name = watch.kind.name
+            watch.log.warning("%s timed out after %.0f s", name, watch.terms.timeout_seconds)
+            watch.abort.trip(AbortReason.TIMEOUT)
+            watch.deadline = float("inf")
+
+    def _renew_failed(self, watch: Watch, now: float) -> None:
+        watch.next_renew = now + min(5.0, watch.terms.renew_interval)
+
+    def _renewed(self, watch: Watch, renewed: bool, now: float) -> None:
+        watch.next_renew = now + watch.terms.renew_interval
+        if renewed:
+            name = watch.kind.name
+            watch.valid_until = now + watch.terms.lease_seconds
+            watch.renewals += 1
+            self.renewals[name] = self.renewals.get(name, 0) + 1
+        else:
+            watch.log.warning("lease lost: the renewal matched nothing")
+            self._lost(watch)
+
+    def _controlled(self, watch: Watch, control: Control) -> None:
+        name = watch.kind.name
+        if control.stop is AbortReason.LEASE_LOST:
+            watch.log.warning("lease lost: the %s's row is no longer held", name)
+            self._lost(watch)
+        elif control.stop is not None:
+            watch.log.info("%s control says %s", name, control.stop.value)
+            watch.abort.trip(control.stop)
+        if watch.on_control is not None:
+            watch.on_control(control)
+
+    def _check_valid(self, watch: Watch) -> None:
         # Without a renewal we cannot know whether another worker holds the row: stop writing
         # a little before the lease the database knows of runs out.
+        terms = watch.terms
         if time.monotonic() >= watch.valid_until - min(5.0, terms.lease_seconds / 10):
             watch.log.warning("lease lost: could not renew it before it ran out")
             self._lost(watch)

@@ -93,10 +93,14 @@ INGESTION_FENCE = Fence(
     frozenset({"ingestions_pkey"}),
 )
 FENCES = (RUN_FENCE, JOB_FENCE, INGESTION_FENCE)
-# The batched completion of many jobs: knowing of few active jobs, the planner reads them all
-# through a partial index of the unfinished ones (the active set, never the finished history)
-# and hashes the batch against them; knowing of thousands, it probes jobs_pkey per job.
-BATCHES = {"complete_attempts": {"jobs_pkey", "jobs_expiring", "jobs_singleton"}}
+# The batched completion and lease renewal of many jobs: knowing of few active jobs, the
+# planner reads them all through a partial index of the unfinished ones (the active set, never
+# the finished history) and hashes the batch against them; knowing of thousands, it probes
+# jobs_pkey per job.
+BATCHES = {
+    name: {"jobs_pkey", "jobs_expiring", "jobs_singleton"}
+    for name in ("complete_attempts", "renew_job_leases")
+}
 
 # Every named statement of any file of named statements (queries.sql, queues.sql,
 # ingestions.sql, ...).
@@ -119,7 +123,7 @@ FENCED = fenced_by(RUN_FENCE)
 # (sql/ingestions.sql), that writes or reads under its lease.
 JOB_FENCED = {
     "complete_attempt", "complete_attempts", "retry_attempt", "bury_attempt",
-    "hand_back_attempt", "report_progress", "renew_job_lease",
+    "hand_back_attempt", "report_progress", "renew_job_lease", "renew_job_leases",
 }  # fmt: skip
 INGESTION_FENCED = {
     "renew_ingestion_lease", "read_ingestion_control", "begin_ingestion",

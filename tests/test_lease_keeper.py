@@ -17,7 +17,9 @@ import pytest
 from sync import Engine
 from sync.abort import AbortReason, AbortSignal
 from sync.db import Connection, connect
-from sync.lease import Control, Lease, LeaseKeeper, LeaseKind, Terms
+from sync.lease import JOBS, Control, Lease, LeaseKeeper, LeaseKind, Terms
+from sync.queues import queue_spec
+from sync.queues.postgres import PostgresQueues
 from tests.conftest import direct_only
 from tests.test_fencing import claim
 from tests.test_sync_flow import items, new_dataset
@@ -201,3 +203,69 @@ def test_the_keeper_never_touches_the_workers_pool(engine: Engine) -> None:
         keep.stop()
         for conn in held:
             engine.pool.putconn(conn)
+
+
+def test_job_leases_held_together_are_renewed_and_controlled_one_statement_for_all(
+    engine: Engine, admin: psycopg.Connection[Any]
+) -> None:
+    """A batch's jobs (or many lanes' jobs): one renewal statement and one control statement
+    serve every lease due about then, and a cancelled or lost one still trips only its own."""
+    queues = PostgresQueues(engine.pool)
+    queues.declare_queue(queue_spec("docs.embed", expire=600))
+    queues.register_batch("docs.embed", lambda jobs, abort: None, size=30)
+    ids = [queues.send("docs.embed", {"n": n}) for n in range(30)]
+    attempts = queues.claim(["docs.embed"], 30)
+    assert sorted(a.job.id for a in attempts) == ids
+
+    statements: list[str] = []
+    url = engine.settings.database_url
+    assert url is not None
+
+    def counted() -> Connection:
+        conn = connect(engine.settings, url, purpose="lease")
+        execute = conn.execute
+
+        def counting(query: Any, *args: Any, **kwargs: Any) -> Any:
+            statements.append(query.as_string(conn) if hasattr(query, "as_string") else query)
+            return execute(query, *args, **kwargs)
+
+        conn.execute = counting  # type: ignore[method-assign]
+        return conn
+
+    ticks = Ticks()
+    keep = LeaseKeeper(engine.settings, counted, on_tick=ticks)
+    keep.start()
+    try:
+        watches = [
+            keep.watch(Lease(a.job.id, a.lease_owner), AbortSignal(), kind=JOBS, terms=QUICK)
+            for a in attempts
+        ]
+        ticks.wait_until(lambda: all(w.renewals >= 2 for w in watches))
+        renewals = sum(w.renewals for w in watches)
+        renews = sum("UPDATE jobs j" in s for s in statements)
+        controls = sum("unnest" in s and "LEFT JOIN jobs" in s for s in statements)
+        singles = sum(
+            "WHERE id = %(job_id)s" in s or "job_id)s, %(lease_owner" in s for s in statements
+        )
+        assert not any(w.abort.is_set for w in watches)
+
+        # One job cancelled, another taken over: only those two stop, each for its reason.
+        cancelled, taken = watches[3], watches[7]
+        queues.cancel_job(cancelled.lease.id)
+        admin.execute(
+            "UPDATE jobs SET lease_owner = gen_random_uuid() WHERE id = %s", (taken.lease.id,)
+        )
+        ticks.wait_until(lambda: cancelled.abort.is_set and taken.abort.is_set)
+        others = [w for w in watches if w not in (cancelled, taken)]
+        before = {id(w): w.renewals for w in others}
+        ticks.wait_until(lambda: all(w.renewals > before[id(w)] for w in others))
+    finally:
+        keep.stop()
+    assert renewals >= 60
+    assert singles == 0
+    assert renews * 10 <= renewals, (renews, renewals)  # 30 leases a statement, give or take
+    assert controls >= 1
+    assert cancelled.abort.reason is AbortReason.CANCELLED
+    assert taken.abort.reason is AbortReason.LEASE_LOST
+    assert not any(w.abort.is_set for w in others)
+    assert keep.losses == {"job": 1}

@@ -304,6 +304,41 @@ class JobStore:
         ).fetchone()
         return None if row is None else (JobStatus(row["status"]), bool(row["ours"]))
 
+    @staticmethod
+    def renew_many(
+        conn: Connection[Row], leases: list[tuple[int, UUID, timedelta]]
+    ) -> set[tuple[int, UUID]]:
+        """Extend many attempts' leases (job, token, length) in one statement on ``conn``; the
+        (job, token) pairs renewed (the others are lost)."""
+        rows = conn.execute(
+            _q("renew_job_leases"),
+            {
+                "job_ids": [job_id for job_id, _, _ in leases],
+                "lease_owners": [owner for _, owner, _ in leases],
+                "seconds": [length.total_seconds() for _, _, length in leases],
+            },
+        ).fetchall()
+        return {(r["id"], r["lease_owner"]) for r in rows}
+
+    @staticmethod
+    def control_many(
+        conn: Connection[Row], leases: list[tuple[int, UUID]]
+    ) -> dict[tuple[int, UUID], tuple[JobStatus, bool] | None]:
+        """:meth:`control` of many attempts (job, token) in one statement."""
+        rows = conn.execute(
+            _q("read_job_controls"),
+            {
+                "job_ids": [job_id for job_id, _ in leases],
+                "lease_owners": [owner for _, owner in leases],
+            },
+        ).fetchall()
+        return {
+            (r["id"], r["owner"]): (
+                None if r["status"] is None else (JobStatus(r["status"]), bool(r["ours"]))
+            )
+            for r in rows
+        }
+
     def cancel(self, job_id: int, now: datetime | None) -> Cancelled:
         row = self._one("cancel_job", job_id=job_id, now=now)
         if row is None:
