@@ -5,8 +5,10 @@ Its application (``setup``) declares the standard queue ``bench.noop``, whose ha
 nothing (with ``--batch N``, a batch handler of N jobs at a time, as pg-boss's ``batchSize``:
 ``setup_batch``). ``drain``: prints ``READY``, waits for a line on stdin, runs ``Worker.run()`` (no
 LISTEN) with ``N`` lanes of the queue until ``--jobs`` jobs have completed, and prints one JSON
-line. ``serve``: ``Worker.run()`` with LISTEN/NOTIFY until SIGTERM, for bench/latency.py: its
-handler prints ``START <time>`` as each job starts."""
+line: the count, the wall-clock start of the first handler call and the end of the last one, the
+marks bench/peers.py and bench/node/peers.mjs take of the peers' handlers. ``serve``:
+``Worker.run()`` with LISTEN/NOTIFY until SIGTERM, for bench/latency.py: its handler prints
+``START <time>`` as each job starts."""
 
 from __future__ import annotations
 
@@ -27,6 +29,29 @@ _record_starts = False
 _queues: Queues | None = None
 
 
+class _Marks:
+    """Wall-clock start of the first handler call and end of the last, across lanes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+        self.first = 0.0
+        self.last = 0.0
+
+    def started(self) -> None:
+        with self._lock:
+            if not self.first:
+                self.first = time.time()
+
+    def ended(self, jobs: int = 1) -> None:
+        with self._lock:
+            self.count += jobs
+            self.last = time.time()
+
+
+_marks = _Marks()
+
+
 def declare(queues: Queues) -> None:
     queues.declare_queue(queue_spec(QUEUE))
 
@@ -34,10 +59,14 @@ def declare(queues: Queues) -> None:
 def handle(job: Job, abort: Abort) -> None:
     if _record_starts:
         print(f"START {time.time()}", flush=True)
+    _marks.started()
+    _marks.ended()
     _done.release()
 
 
 def handle_batch(jobs: list[Job], abort: Abort) -> None:
+    _marks.started()
+    _marks.ended(len(jobs))
     for _ in jobs:
         _done.release()
 
@@ -98,7 +127,8 @@ def main() -> None:
             app_jobs._done.acquire()
         worker.stop()
         thread.join(timeout=60)
-    print(json.dumps({"executed": args.jobs}), flush=True)
+    marks = app_jobs._marks
+    print(json.dumps({"count": marks.count, "first": marks.first, "last": marks.last}), flush=True)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,13 @@ and with the bare claim-then-finish ceiling, all on the same Postgres in one inv
 - peers: Procrastinate, PgQueuer (PyPI), graphile-worker 0.17, pg-boss 10 (npm), each in its
   own process, one job at a time, then batched as each documents.
 
-Throughput is jobs / (end of the last job - start of the first); every configuration is
-repeated R times, round-robin (so drifting load falls on all alike), and the median is printed
-with the range. Then the round trips one run costs
-are counted from a libpq protocol trace of one worker.
+Throughput is jobs / (end of the last job - start of the first). For application jobs and the
+peers, those are the wall-clock marks of the first handler call's start and the last one's end,
+taken alike in every drain, so none counts the statement that records its last completion; for
+connection runs, the first attempt's ``started_at`` and the last one's ``finished_at`` from the
+database (that one statement weighs 1/N). Every configuration is repeated R times, round-robin
+(so drifting load falls on all alike), and the median is printed with the range. Then the round
+trips one run costs are counted from a libpq protocol trace of one worker.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +114,8 @@ class Result:
     config: str
     processes: int
     rates: list[float] = field(default_factory=list)
+    # Application jobs only: each drain's rate between the database's stamps (drain_jobs).
+    stamped: list[float] = field(default_factory=list)
     error: str = ""
     ours: bool = False
     ceiling: bool = False
@@ -181,10 +187,13 @@ def _go(procs: list[Any]) -> None:
 # -- ours: application jobs ----------------------------------------------------------------
 
 
-def drain_jobs(url: str, n: int, lanes: int, batch: int = 0) -> float:
+def drain_jobs(result: Result, url: str, n: int, lanes: int, batch: int = 0) -> float:
     """Send ``n`` jobs to the application queue ``bench.noop``, drain them with one worker
     process of ``lanes`` lanes (with ``batch``, each runs a batch handler of that many jobs),
-    return jobs/s (first attempt's start to last one's end)."""
+    return jobs/s from the start of the first handler call to the end of the last one: the
+    marks the peers' drains take. The span between the database's stamps (the first claim's
+    ``started_at`` to the last completion's ``finished_at``) also holds that completion's
+    statement; it goes to ``result.stamped``, for comparison with results taken that way."""
     from bench import app_jobs
 
     with connect(url) as conn:
@@ -206,7 +215,7 @@ def drain_jobs(url: str, n: int, lanes: int, batch: int = 0) -> float:
     if proc.stdout.readline().strip() != "READY":  # type: ignore[union-attr]
         raise RuntimeError("the application worker did not start")
     _go([proc])
-    proc.stdout.readline()  # type: ignore[union-attr]
+    out = proc.stdout.readline()  # type: ignore[union-attr]
     proc.wait(timeout=120)
     with connect(url) as conn:
         row = conn.execute(
@@ -217,7 +226,8 @@ def drain_jobs(url: str, n: int, lanes: int, batch: int = 0) -> float:
     assert row is not None
     if row[1] != n:
         raise RuntimeError(f"{row[1]} jobs completed, {n} sent")
-    return n / float(row[0])
+    result.stamped.append(n / float(row[0]))
+    return _rate(out, n)
 
 
 # -- the ceiling --------------------------------------------------------------------------
@@ -371,9 +381,10 @@ def measure_all(tasks: list[Task], repeat: int, url: str) -> None:
                 result.error = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
                 console.print(f"[red]{result.system} {result.config}: {result.error}[/red]")
                 continue
+            stamped = f" ({result.stamped[-1]:,.0f}/s by database stamps)" if result.stamped else ""
             console.print(
                 f"  {result.system:18} {result.config[:50]:50} {result.processes} proc: "
-                f"{result.rates[-1]:8,.0f}/s"
+                f"{result.rates[-1]:8,.0f}/s{stamped}"
             )
 
 
@@ -436,25 +447,14 @@ def main() -> None:
         )
         # Application jobs (a queue's no-op handler) in lanes of one worker process: one lane
         # claims one job at a time; more lanes on a standard queue claim in batches.
-        tasks.extend(
-            (
-                Result(
-                    "connector-sync jobs",
-                    "1 lane: one at a time" if lanes == 1 else f"{lanes} lanes: batched claims",
-                    1,
-                ),
-                lambda lanes=lanes: drain_jobs(url, n, lanes),  # type: ignore[misc]
-            )
-            for lanes in (1, 8, 32)
-        )
+        for lanes in (1, 8, 32):
+            config = "1 lane: one at a time" if lanes == 1 else f"{lanes} lanes: batched claims"
+            jobs = Result("connector-sync jobs", config, 1)
+            tasks.append((jobs, partial(drain_jobs, jobs, url, n, lanes)))
         # A batch handler, as pg-boss's batchSize: one claim, one call and one completion
         # statement for up to 100 jobs; one lane, as pg-boss's one fetch() loop.
-        tasks.append(
-            (
-                Result("connector-sync jobs", "batch handler of 100, 1 lane", 1),
-                lambda: drain_jobs(url, n, 1, batch=100),
-            )
-        )
+        batched = Result("connector-sync jobs", "batch handler of 100, 1 lane", 1)
+        tasks.append((batched, partial(drain_jobs, batched, url, n, 1, batch=100)))
         for form, (claim_sql, finish_sql) in BARE_FORMS.items():
             tasks.append(
                 (
@@ -491,6 +491,7 @@ def main() -> None:
                 "processes": r.processes,
                 "jobs_per_s": r.rate,
                 "jobs_per_s_each_repeat": r.rates,
+                "jobs_per_s_by_database_stamps": median(r.stamped) if r.stamped else None,
                 "error": r.error or None,
             }
             for r in results
