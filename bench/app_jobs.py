@@ -13,14 +13,13 @@ marks bench/peers.py and bench/node/peers.mjs take of the peers' handlers. ``ser
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 import threading
 import time
 
-from bench.common import settings_for
+from bench.common import Marks, settings_for
 from sync.queues import Abort, Job, Queues, queue_spec
 
 QUEUE = "bench.noop"
@@ -29,27 +28,7 @@ _record_starts = False
 _queues: Queues | None = None
 
 
-class _Marks:
-    """Wall-clock start of the first handler call and end of the last, across lanes."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.count = 0
-        self.first = 0.0
-        self.last = 0.0
-
-    def started(self) -> None:
-        with self._lock:
-            if not self.first:
-                self.first = time.time()
-
-    def ended(self, jobs: int = 1) -> None:
-        with self._lock:
-            self.count += jobs
-            self.last = time.time()
-
-
-_marks = _Marks()
+_marks = Marks()
 
 
 def declare(queues: Queues) -> None:
@@ -127,8 +106,7 @@ def main() -> None:
             app_jobs._done.acquire()
         worker.stop()
         thread.join(timeout=60)
-    marks = app_jobs._marks
-    print(json.dumps({"count": marks.count, "first": marks.first, "last": marks.last}), flush=True)
+    app_jobs._marks.report()
 
 
 if __name__ == "__main__":

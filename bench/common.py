@@ -20,6 +20,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -136,6 +137,31 @@ def run_node(args: Sequence[str], timeout: float) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"node {' '.join(args[:2])} failed: {done.stderr.strip()[-2000:]}")
     return done.stdout
+
+
+class Marks:
+    """A drain's wall-clock marks, taken in its handler: the start of the first call and the end
+    of the last, with the jobs done. Safe across threads (our lanes)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+        self.first = 0.0
+        self.last = 0.0
+
+    def started(self) -> None:
+        with self._lock:
+            if not self.first:
+                self.first = time.time()
+
+    def ended(self, jobs: int = 1) -> None:
+        with self._lock:
+            self.count += jobs
+            self.last = time.time()
+
+    def report(self, **extra: Any) -> None:
+        line = {"count": self.count, "first": self.first, "last": self.last, **extra}
+        print(json.dumps(line), flush=True)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

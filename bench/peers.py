@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import sys
 import time
@@ -23,27 +22,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import as_uri
-
-
-class Marks:
-    """Wall-clock start of the first job and end of the last."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.first = 0.0
-        self.last = 0.0
-
-    def started(self) -> None:
-        if not self.count:
-            self.first = time.time()
-
-    def ended(self) -> None:
-        self.count += 1
-        self.last = time.time()
-
-    def report(self, **extra: Any) -> None:
-        print(json.dumps({"count": self.count, "first": self.first, "last": self.last, **extra}))
+from bench.common import Marks, as_uri
 
 
 def _start_mark() -> None:
