@@ -400,6 +400,58 @@ SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM async) AS a
        (SELECT count(*) FROM cleared) AS cleared,
        (SELECT count(*) FROM compared WHERE unchanged) AS unchanged;
 
+-- name: records_stored
+-- Whether the connection holds any row of the table, tombstones included: a table that holds
+-- none has its batches appended with COPY (append_records). Only a hint: an append that meets a
+-- stored key fails whole and the batch is upserted instead, so no row is ever written twice.
+SELECT EXISTS (
+    SELECT 1 FROM records
+     WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s
+) AS stored;
+
+-- name: open_record_append
+-- The fenced half of a batch appended with COPY (append_records follows in the same
+-- transaction): the run's progress and the slice's checkpoint, as write_record_batch saves them
+-- for a batch of new rows. The fence's row lock is held until the COPY commits, so a worker
+-- that took the run over cannot see the checkpoint without the records it covers, nor the
+-- records of a lease that is no longer held.
+WITH async AS (
+    -- An intermediate write of a run: see "Durability" in docs/architecture.md.
+    SELECT set_config('synchronous_commit', 'off', true)
+), fence AS (
+    UPDATE connection_runs
+       SET processed_units = processed_units + %(count)s,
+           progress = %(progress)s, total_units = %(total_units)s
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
+    RETURNING id
+), checkpoint AS (
+    INSERT INTO run_checkpoints AS c (run_id, table_name, partition, position, done, resync,
+                                      pages, records, total, total_estimated, first_attempt)
+    SELECT %(run_id)s, %(table_name)s, %(slice)s, %(position)s, %(done)s, %(resync)s,
+           %(pages)s, %(count)s, %(total)s, %(total_estimated)s,
+           (SELECT a.id FROM run_attempts a WHERE a.lease_owner = %(lease_owner)s)
+      FROM fence
+    ON CONFLICT (run_id, table_name, partition) DO UPDATE
+       SET position = EXCLUDED.position, done = EXCLUDED.done,
+           resync = c.resync OR EXCLUDED.resync, pages = EXCLUDED.pages,
+           records = c.records + EXCLUDED.records, total = coalesce(EXCLUDED.total, c.total),
+           total_estimated = CASE WHEN EXCLUDED.total IS NULL THEN c.total_estimated
+                                  ELSE EXCLUDED.total_estimated END,
+           updated_at = now()
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM async) AS async,
+       (SELECT count(*) FROM checkpoint) AS checkpointed;
+
+-- name: append_records
+-- A batch of rows none of which is stored yet, as COPY writes them: parsed and appended, with no
+-- probe of the stored hash and no speculative insertion per row. The primary key still holds:
+-- one stored key (a row read twice, on two pages that shifted between reads) fails the whole
+-- COPY, and the batch is written by write_record_batch instead. Only after open_record_append
+-- in the same transaction, which fences it.
+COPY records (connection_id, table_name, external_id, data, content_hash, written_by, partition)
+FROM STDIN;
+
 -- name: save_checkpoint
 -- A slice's checkpoint with no batch to ride on: its position or its end, when every record it
 -- covers was written by the batches before (the caller waits for the one in flight). Fenced.

@@ -8,6 +8,11 @@ position the connector yielded, so a position never commits before the records i
 positions come, a full batch waits for the next one (the end of the page it is in), so that it
 commits with the position right after its last record and a resumed read repeats no page it
 wrote. The tombstone pass is ``sync.tombstones``.
+
+A table the connection holds no row of yet (a first sync) skips the probes: its batches are
+appended with ``COPY`` in one transaction with the checkpoint, fenced the same way. A key that
+turns out to be stored already (a record read twice across pages that shifted) fails that
+append whole; the batch, and every batch after it, is then upserted as above.
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ from sync.store import Lease, SliceSave, TableWrites
 # With positions, a full batch waits for the end of its page, but never grows past this many
 # batches' worth of records (a connector whose pages are larger than a batch).
 MAX_BATCHES_BUFFERED = 2
+
+# A batch of at least this many records, of a table the connection holds no row of yet (a first
+# sync), is appended with COPY; a smaller one costs less as one upsert statement than as the
+# append's transaction of three round trips.
+APPEND_FROM = 200
 
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
@@ -169,6 +179,10 @@ class RecordWriter:
         self._records: dict[str, tuple[str, bytes]] = {}
         self._deletions: set[str] = set()
         self._in_flight = InFlight()
+        # Whether new batches are appended (COPY) rather than upserted: unknown until the first
+        # batch large enough, then while no append met a stored key. Touched only by the write
+        # of a batch, which runs one at a time.
+        self._appending: bool | None = None
         self.counts = WriteCounts()
         self.begin(None, None)
 
@@ -343,6 +357,21 @@ class RecordWriter:
         checkpoint: SliceSave,
         progress: dict[str, Any],
     ) -> None:
+        if self._appending is None and len(keys) >= APPEND_FROM:
+            self._appending = not self._writes.records_stored()
+        if self._appending and len(keys) >= APPEND_FROM:
+            if self._writes.append_batch(
+                keys,
+                datas,
+                hashes,
+                partition=self._partition,
+                checkpoint=checkpoint,
+                progress=progress,
+            ):
+                self.counts.upserted += len(keys)
+                return
+            # A key read before (pages that shifted between reads): upserted from now on.
+            self._appending = False
         written = self._writes.write_batch(
             keys,
             datas,

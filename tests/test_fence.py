@@ -233,8 +233,8 @@ def test_the_fence_is_written_once() -> None:
     expected = {
         "renew_lease", "read_run_control", "lock_credentials", "requeue_run",
         "wait_for_rate_limit", "hand_back_run", "save_results", "write_record_batch",
-        "save_checkpoint", "reset_table_checkpoints", "tombstone_ids", "mark_missing",
-        "save_cursor", "purge_records_batch", "purge_connection_row",
+        "open_record_append", "save_checkpoint", "reset_table_checkpoints", "tombstone_ids",
+        "mark_missing", "save_cursor", "purge_records_batch", "purge_connection_row",
         "store_response",
     }  # fmt: skip
     assert expected | {"queue_file_ingestions"} <= set(FENCED)

@@ -24,9 +24,18 @@ def test_parse_splits_names_docs_and_text() -> None:
 
 @pytest.mark.parametrize("queries", [QUERIES, MAINTENANCE], ids=["queries", "maintenance"])
 def test_every_named_query_prepares(engine: Any, admin: Any, queries: NamedQueries) -> None:
-    """PREPARE checks every name and type in a statement without running it."""
+    """PREPARE checks every name and type in a statement without running it; a COPY, which
+    cannot be prepared, is run with no rows and rolled back."""
     for name in queries.names():
         text = queries._by_name[name].text
+        if text.startswith("COPY"):
+            with (
+                admin.transaction(force_rollback=True),
+                admin.cursor() as cur,
+                cur.copy(text),
+            ):
+                pass
+            continue
         params = sorted(set(_PLACEHOLDER.findall(text)))
         numbered = _PLACEHOLDER.sub(lambda m, p=params: f"${p.index(m.group(1)) + 1}", text)
         admin.execute(f"PREPARE check_{name} AS {numbered}")

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -110,6 +111,68 @@ class TableWrites:
             **progress,
         )
         return BatchWritten(row["upserted"], row["unchanged"], row["seen"])
+
+    def records_stored(self) -> bool:
+        """Whether the connection holds any row of the table (tombstones included)."""
+        row = self._conn.execute(
+            QUERIES.records_stored,
+            {"connection_id": self._connection_id, "table_name": self._table_name},
+            prepare=False,
+        ).fetchone()
+        return row is None or bool(row["stored"])
+
+    def append_batch(
+        self,
+        external_ids: list[str],
+        datas: list[str],
+        hashes: list[bytes],
+        *,
+        partition: str | None,
+        checkpoint: SliceSave,
+        progress: Mapping[str, Any],
+    ) -> bool:
+        """Append a batch of rows the table does not hold yet with ``COPY``, in one transaction
+        with the slice's checkpoint. False, with nothing written, when one of the keys is stored
+        already (the caller writes the batch with :meth:`write_batch` then)."""
+        return self._retry.run(
+            lambda: self._append(external_ids, datas, hashes, partition, checkpoint, progress)
+        )
+
+    def _append(
+        self,
+        external_ids: list[str],
+        datas: list[str],
+        hashes: list[bytes],
+        partition: str | None,
+        checkpoint: SliceSave,
+        progress: Mapping[str, Any],
+    ) -> bool:
+        owner = self._lease.owner
+        try:
+            with self._conn.transaction():
+                opened = self._conn.execute(
+                    QUERIES.open_record_append,
+                    {
+                        "run_id": self._lease.id,
+                        "lease_owner": owner,
+                        "table_name": self._table_name,
+                        "count": len(external_ids),
+                        **checkpoint.params(),
+                        **progress,
+                    },
+                    prepare=False,
+                ).fetchone()
+                if not opened or not opened["fenced"]:
+                    raise LeaseLost()
+                with self._conn.cursor() as cur, cur.copy(QUERIES.append_records) as copy:
+                    for key, data, digest in zip(external_ids, datas, hashes, strict=True):
+                        copy.write_row(
+                            (self._connection_id, self._table_name, key, data, digest, owner,
+                             partition)
+                        )  # fmt: skip
+        except psycopg.errors.UniqueViolation:
+            return False
+        return True
 
     def save_checkpoint(self, checkpoint: SliceSave, progress: Mapping[str, Any]) -> None:
         self._fenced(QUERIES.save_checkpoint, **checkpoint.params(), **progress)
