@@ -183,6 +183,7 @@ class RecordWriter:
         # batch large enough, then while no append met a stored key. Touched only by the write
         # of a batch, which runs one at a time.
         self._appending: bool | None = None
+        self._found_empty = False
         self.counts = WriteCounts()
         self.begin(None, None)
 
@@ -326,6 +327,13 @@ class RecordWriter:
         self.flush(done=True)
 
     @property
+    def found_empty(self) -> bool:
+        """Whether the table held no row when this writer first wrote to it: then every row it
+        holds now was written by this attempt (the fence lets no other writer in), and a
+        complete read of it left nothing unseen to tombstone."""
+        return self._found_empty
+
+    @property
     def resync(self) -> bool:
         """Whether this slice's read lists all of it, so that unseen rows are tombstoned."""
         return self._full
@@ -358,7 +366,7 @@ class RecordWriter:
         progress: dict[str, Any],
     ) -> None:
         if self._appending is None and len(keys) >= APPEND_FROM:
-            self._appending = not self._writes.records_stored()
+            self._appending = self._found_empty = not self._writes.records_stored()
         if self._appending and len(keys) >= APPEND_FROM:
             if self._writes.append_batch(
                 keys,

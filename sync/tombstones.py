@@ -54,16 +54,27 @@ class TombstonePass:
         self._step = step
 
     def run(
-        self, whole: list[str], *, every_partition: bool, confirm: Confirm | None
+        self,
+        whole: list[str],
+        *,
+        every_partition: bool,
+        confirm: Confirm | None,
+        all_seen: bool = False,
     ) -> dict[str, int] | None:
         """Tombstone the unseen rows of the slices read whole (``whole``: partitions, or ['']
         for a table read whole), and stamp their complete passes. When ``every_partition`` was
         read whole the pass covers the whole table (rows of partitions no longer listed too),
         and stamps the table's complete pass. Returns the rows tombstoned per partition (''
         for a table read whole), or None, having written nothing, when the keys this run saw
-        of the table were lost (a crash restart of Postgres): the table must be read again."""
+        of the table were lost (a crash restart of Postgres): the table must be read again.
+        ``all_seen``: every row of the table was written by this attempt (it held none when the
+        attempt began writing it), so no step is taken and only the passes are stamped."""
         partitions = None if every_partition else whole
         stamped = [p for p in whole if p]
+        if all_seen:
+            self._abort.check()
+            self._writes.complete_table(stamp=every_partition, partitions=stamped)
+            return {}
         if self._table.shifting:
             if not self._writes.seen_keys_intact():
                 return None

@@ -15,7 +15,7 @@ from sync.lease import Lease
 from sync.records import APPEND_FROM, RecordWriter
 from sync.store import TableWrites
 from tests.test_fencing import claim
-from tests.test_sync_flow import new_dataset
+from tests.test_sync_flow import items, new_dataset, sync_once, tombstoned
 
 BATCH = APPEND_FROM + 50
 TABLE = Table("items", "id", Mode.FULL)
@@ -157,3 +157,46 @@ def test_an_append_under_a_lost_lease_writes_nothing(
     assert appends.results == []  # it raised
     assert stored(admin, connection_id) == {}
     assert admin.execute("SELECT count(*) AS n FROM run_checkpoints").fetchone()["n"] == 0
+
+
+class Steps:
+    """How many times the tombstone pass looked for unseen rows of table ``items`` (its first
+    step rides in ``end_table``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.taken = 0
+        for name in ("end_table", "tombstone_step", "unseen_step", "seen_keys_intact"):
+            real = getattr(TableWrites, name)
+
+            def counted(writes: TableWrites, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+                self.taken += writes._table_name == "items"
+                return _real(writes, *args, **kwargs)
+
+            monkeypatch.setattr(TableWrites, name, counted)
+
+
+def test_a_table_first_written_by_the_attempt_ends_without_looking_for_unseen_rows(
+    engine: Engine, admin: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key, data = new_dataset(items=items(*range(1, BATCH + 1)))
+    workspace = engine.create_workspace("acme")
+    connection = engine.create_connection(workspace.id, "mem", "memory", config={"dataset": key})
+    steps = Steps(monkeypatch)
+
+    first = sync_once(engine, connection.id)
+    assert first.status == "succeeded"
+    assert (first.results["items"]["upserted"], first.results["items"]["tombstoned"]) == (BATCH, 0)
+    assert steps.taken == 0
+    # The complete pass is stamped all the same.
+    state = admin.execute(
+        "SELECT last_full_sync_at FROM table_state WHERE connection_id = %s AND table_name = %s",
+        (connection.id, "items"),
+    ).fetchone()
+    assert state is not None and state["last_full_sync_at"] is not None
+
+    # Stored rows now: the next complete read looks for the unseen ones, and finds one.
+    data.tables["items"] = items(*range(2, BATCH + 1))
+    second = sync_once(engine, connection.id)
+    assert second.results["items"]["tombstoned"] == 1
+    assert steps.taken > 0
+    assert tombstoned(admin, connection.id) == {"1"}

@@ -296,6 +296,7 @@ class SyncJob:
                             progress,
                             slices,
                             last_round=round_ == 2,
+                            all_seen=writer.found_empty,
                         ):
                             break
                 finally:
@@ -383,10 +384,12 @@ class SyncJob:
         slices: _SliceResults,
         *,
         last_round: bool,
+        all_seen: bool,
     ) -> bool:
         """The tombstone pass, once every slice is done or failed for good: over the slices
         read whole (None: the whole table). True if the table must be read again (its seen keys
-        were lost while it was read)."""
+        were lost while it was read). ``all_seen``: this attempt wrote every row the table
+        holds, so the pass has nothing to look for."""
         done = {n: c for n in names if (c := checkpoints.get(table.name, n)) and c.done}
         if len(done) + sum(slices.failed(n) for n in names) < len(names):
             return False  # a slice waits for another attempt: tombstone nothing yet
@@ -402,7 +405,7 @@ class SyncJob:
         assert run.connection_id is not None
         gone = TombstonePass(
             conn, run.lease, run.connection_id, table, abort, step=self._settings.tombstone_step
-        ).run(whole, every_partition=len(whole) == len(names), confirm=confirm)
+        ).run(whole, every_partition=len(whole) == len(names), confirm=confirm, all_seen=all_seen)
         if gone is None:  # the seen keys were lost: nothing was tombstoned
             if last_round:
                 raise RetryableError(
