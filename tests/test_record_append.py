@@ -45,6 +45,10 @@ def started(engine: Engine) -> tuple[int, Lease]:
     return connection.id, Lease(row["id"], row["lease_owner"])
 
 
+def new_writer(db: Any, lease: Lease, connection_id: int) -> RecordWriter:
+    return RecordWriter(db, lease, connection_id, TABLE, batch_size=BATCH, abort=AbortSignal())
+
+
 # What COPY's text format must escape: a tab, a newline, a backslash, and text past ASCII.
 AWKWARD = "tab\there\nnext line \\ back \\N é 😀"
 
@@ -77,9 +81,7 @@ def test_a_first_sync_is_appended_and_a_resync_upserted(
     connection_id, lease = started(engine)
     appends = Appends(monkeypatch)
     with engine.pool.connection() as db:
-        writer = RecordWriter(
-            db, lease, connection_id, TABLE, batch_size=BATCH, abort=AbortSignal()
-        )
+        writer = new_writer(db, lease, connection_id)
         writer.write(records(range(BATCH), "v1"))
         writer.write(Position({"page": 1}))
         writer.write(records(range(BATCH, BATCH + 10), "v1"))  # below APPEND_FROM: upserted
@@ -100,7 +102,7 @@ def test_a_first_sync_is_appended_and_a_resync_upserted(
         }
 
         # The table holds rows now: the next read of it is upserted, unchanged rows skipped.
-        again = RecordWriter(db, lease, connection_id, TABLE, batch_size=BATCH, abort=AbortSignal())
+        again = new_writer(db, lease, connection_id)
         again.write(records(range(BATCH), "v1"))
         again.end()
         assert (again.counts.upserted, again.counts.unchanged) == (0, BATCH)
@@ -113,9 +115,7 @@ def test_an_append_meeting_a_stored_key_keeps_nothing_and_the_batch_is_upserted(
     connection_id, lease = started(engine)
     appends = Appends(monkeypatch)
     with engine.pool.connection() as db:
-        writer = RecordWriter(
-            db, lease, connection_id, TABLE, batch_size=BATCH, abort=AbortSignal()
-        )
+        writer = new_writer(db, lease, connection_id)
         writer.write(records(range(BATCH), "v1"))
         writer.write(Position({"page": 1}))
         # The provider's pages shifted: the second page repeats the first page's last record,
@@ -147,9 +147,7 @@ def test_an_append_under_a_lost_lease_writes_nothing(
     appends = Appends(monkeypatch)
     admin.execute("UPDATE connection_runs SET lease_expires_at = now() - interval '1 second'")
     with engine.pool.connection() as db:
-        writer = RecordWriter(
-            db, lease, connection_id, TABLE, batch_size=BATCH, abort=AbortSignal()
-        )
+        writer = new_writer(db, lease, connection_id)
         writer.write(records(range(BATCH), "v1"))
         with pytest.raises(LeaseLost):
             writer.flush()

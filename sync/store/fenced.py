@@ -134,45 +134,35 @@ class TableWrites:
         """Append a batch of rows the table does not hold yet with ``COPY``, in one transaction
         with the slice's checkpoint. False, with nothing written, when one of the keys is stored
         already (the caller writes the batch with :meth:`write_batch` then)."""
-        return self._retry.run(
-            lambda: self._append(external_ids, datas, hashes, partition, checkpoint, progress)
-        )
-
-    def _append(
-        self,
-        external_ids: list[str],
-        datas: list[str],
-        hashes: list[bytes],
-        partition: str | None,
-        checkpoint: SliceSave,
-        progress: Mapping[str, Any],
-    ) -> bool:
         owner = self._lease.owner
-        try:
-            with self._conn.transaction():
-                opened = self._conn.execute(
-                    QUERIES.open_record_append,
-                    {
-                        "run_id": self._lease.id,
-                        "lease_owner": owner,
-                        "table_name": self._table_name,
-                        "count": len(external_ids),
-                        **checkpoint.params(),
-                        **progress,
-                    },
-                    prepare=False,
-                ).fetchone()
-                if not opened or not opened["fenced"]:
-                    raise LeaseLost()
-                with self._conn.cursor() as cur, cur.copy(QUERIES.append_records) as copy:
-                    for key, data, digest in zip(external_ids, datas, hashes, strict=True):
-                        copy.write_row(
-                            (self._connection_id, self._table_name, key, data, digest, owner,
-                             partition)
-                        )  # fmt: skip
-        except psycopg.errors.UniqueViolation:
-            return False
-        return True
+        params = {
+            "run_id": self._lease.id,
+            "lease_owner": owner,
+            "table_name": self._table_name,
+            "count": len(external_ids),
+            **checkpoint.params(),
+            **progress,
+        }
+
+        def append() -> bool:
+            try:
+                with self._conn.transaction():
+                    opened = self._conn.execute(
+                        QUERIES.open_record_append, params, prepare=False
+                    ).fetchone()
+                    if not opened or not opened["fenced"]:
+                        raise LeaseLost()
+                    with self._conn.cursor() as cur, cur.copy(QUERIES.append_records) as copy:
+                        for key, data, digest in zip(external_ids, datas, hashes, strict=True):
+                            copy.write_row(
+                                (self._connection_id, self._table_name, key, data, digest, owner,
+                                 partition)
+                            )  # fmt: skip
+            except psycopg.errors.UniqueViolation:
+                return False
+            return True
+
+        return self._retry.run(append)
 
     def save_checkpoint(self, checkpoint: SliceSave, progress: Mapping[str, Any]) -> None:
         self._fenced(QUERIES.save_checkpoint, **checkpoint.params(), **progress)
