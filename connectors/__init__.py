@@ -2,10 +2,10 @@
 
 from connectors.auth import ApiKey, Auth, BearerToken, OAuth2
 from connectors.base import (
-    DAILY,
     Checkpoint,
     Connector,
     Deleted,
+    Deletions,
     Item,
     Mode,
     NoConfig,
@@ -26,6 +26,7 @@ from connectors.errors import (
     ConnectorError,
     ContentTooLarge,
     FileGone,
+    NotFound,
     PermanentError,
     RateLimited,
     RetryableError,
@@ -43,7 +44,6 @@ from connectors.paging import (
 from connectors.registry import DuplicateProvider, UnknownProvider, get, providers, register
 
 __all__ = [
-    "DAILY",
     "Aborted",
     "ApiKey",
     "Auth",
@@ -55,6 +55,7 @@ __all__ = [
     "ConnectorError",
     "ContentTooLarge",
     "Deleted",
+    "Deletions",
     "Download",
     "DuplicateProvider",
     "File",
@@ -63,6 +64,7 @@ __all__ = [
     "Item",
     "Mode",
     "NoConfig",
+    "NotFound",
     "OAuth2",
     "OAuth2ClientCredentials",
     "OAuth2RefreshCredentials",

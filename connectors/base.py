@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from enum import StrEnum
 from typing import Any, BinaryIO, ClassVar, Generic, TypeVar, get_args, get_origin
 
@@ -20,10 +19,26 @@ class Mode(StrEnum):
     FULL = "full"
     """Every sync reads everything; rows not seen in a complete read are tombstoned."""
     INCREMENTAL = "incremental"
-    """A cursor is saved per table; the connector reports deletions with :class:`Deleted`."""
+    """A cursor is saved per table (or partition) and the next sync reads what changed since;
+    :class:`Table.deletions` says how deletions are found."""
 
 
-DAILY = timedelta(days=1)
+class Deletions(StrEnum):
+    """How the engine learns that a row was deleted upstream. Either way, with default
+    settings, a deletion is tombstoned by the next sync that completes."""
+
+    LISTING = "listing"
+    """A complete listing shows them: a row a complete read of the table (or of a partition) did
+    not see is gone. A ``full`` table is listed completely at every sync. An ``incremental``
+    table read by update time, whose reads never show a deletion, is listed completely at every
+    sync too: the engine withholds its cursor (``context.cursor`` answers None) and the
+    connector reads the whole table after a ``Resync()``, with conditional requests where the
+    provider answers unchanged pages with 304s. An operator may trade deletion latency for
+    requests with the ``complete_every`` setting (the cursor is then given between complete
+    passes)."""
+    FEED = "feed"
+    """The provider's feed of changes reports them (a delta query, a change feed): the
+    incremental reads yield :class:`Deleted`, and the cursor is always given."""
 
 
 @dataclass(frozen=True)
@@ -44,10 +59,10 @@ class Table:
     """Fields (dotted paths into the record, e.g. ``"head.repo.pushed_at"``) left out of the
     content hash: a row whose other fields did not change is not rewritten. The row is stored
     whole when it is written for another reason."""
-    complete_every: timedelta | None = None
-    """For an incremental table read by update time, whose reads never show a deletion: how
-    often its cursor is withheld so that the connector lists the whole table (and yields
-    ``Resync()``), finding deletions. The reference connectors use :data:`DAILY`."""
+    deletions: Deletions = Deletions.LISTING
+    """How deletions are found: by a complete listing (the default, and the only way for a
+    ``full`` table) or by the provider's feed of changes (an ``incremental`` table whose reads
+    yield :class:`Deleted`)."""
     confirm_limit: int = 100
     """At most this many missing keys per partition are confirmed one by one in a run; the rest
     wait for a second complete listing."""
@@ -55,6 +70,19 @@ class Table:
     """Records of this table may be files (documents whose content can be fetched and indexed):
     the connector describes them with :meth:`Connector.describe_file` and streams their content
     with :meth:`Connector.download`. The records are stored like any other table's."""
+
+    def __post_init__(self) -> None:
+        if self.mode is Mode.FULL and self.deletions is Deletions.FEED:
+            raise ValueError(
+                f"table {self.name!r}: a full table finds deletions by its complete listing; "
+                "a feed of deletions belongs to an incremental table"
+            )
+
+    @property
+    def listed_whole_for_deletions(self) -> bool:
+        """An incremental table whose deletions only a complete listing shows: its cursor is
+        withheld at every sync unless an operator sets ``complete_every`` for it."""
+        return self.mode is Mode.INCREMENTAL and self.deletions is Deletions.LISTING
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,8 @@ class ConnectorContext(RequestContext, Protocol[ConfigT_co]):
     def cursor(self, table: str, partition: str | None = None) -> Any | None:
         """The cursor saved by the last completed batch of an incremental table (of one of its
         partitions, when it is named). None also when the engine wants the whole table read:
-        a first sync, or the periodic complete pass of a table with ``complete_every``."""
+        a first sync, and every sync of a table whose deletions only a complete listing shows
+        (``Deletions.LISTING``), unless an operator's ``complete_every`` spaces them out."""
         ...
 
     def position(self, table: str, partition: str | None = None) -> Any | None:

@@ -50,11 +50,17 @@ class ContentTooLarge(PermanentError):
         self.limit = limit
 
 
-class FileGone(PermanentError):
-    """The file was deleted (or moved out of reach) upstream since it was listed: there is
-    nothing to fetch, and the next sync tombstones its row."""
+class NotFound(PermanentError):
+    """The provider answered 404 or 410: what was asked for is not there (deleted, or out of
+    the credentials' reach). A partition whose listing answers this at two syncs in a row is
+    gone, and its rows are tombstoned."""
 
     kind = "gone"
+
+
+class FileGone(NotFound):
+    """The file was deleted (or moved out of reach) upstream since it was listed: there is
+    nothing to fetch, and the next sync tombstones its row."""
 
 
 class AuthError(PermanentError):

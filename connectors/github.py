@@ -1,12 +1,14 @@
 """GitHub (REST): the issues and pull requests of one owner's repositories, each repository a
 partition of both tables (one that answers 404 fails only its own slice).
 
-``issues`` is incremental by update time: a sync lists what changed since the last one
-(``since``, ``sort=updated``, newest first) and saves, per repository, the time its read began;
-once a day (``complete_every``) the cursor is withheld and the whole repository is listed, which
-finds deletions. ``pull_requests`` (the pulls endpoint has no ``since``) is listed in full every
-sync. Its rows ignore the volatile fields of the repository objects every pull request embeds
-(``pushed_at``, ``open_issues_count``...), so a push or a new issue rewrites no pull request.
+Both tables are listed completely at every sync, so an issue or pull request deleted upstream is
+tombstoned by the next sync; an unchanged listing costs only 304s (below). ``issues`` also saves,
+per repository, the time its read began: an operator who sets ``complete_every`` for it (trading
+deletion latency for requests) gets syncs that list only what changed since (``since``,
+``sort=updated``, newest first) between complete listings. ``pull_requests`` (the pulls endpoint
+has no ``since``) is always listed in full. Its rows ignore the volatile fields of the
+repository objects every pull request embeds (``pushed_at``, ``open_issues_count``...), so a push
+or a new issue rewrites no pull request.
 
 Complete listings are asked for with conditional requests: GitHub answers an unchanged page with
 a 304, which costs no rate limit, and the stored page is reused. A read of what changed since a
@@ -39,7 +41,6 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from connectors.auth import BearerToken
 from connectors.base import (
-    DAILY,
     Checkpoint,
     Connector,
     Item,
@@ -151,7 +152,7 @@ def spent_until(response: httpx.Response, now: datetime) -> datetime | None:
 class GitHubConnector(Connector[GitHubConfig]):
     provider = "github"
     tables = (
-        Table("issues", mode=Mode.INCREMENTAL, shifting=True, complete_every=DAILY),
+        Table("issues", mode=Mode.INCREMENTAL, shifting=True),
         Table("pull_requests", shifting=True, hash_ignores=PULL_REQUEST_IGNORES),
     )
     config_model = GitHubConfig
@@ -194,7 +195,8 @@ class GitHubConnector(Connector[GitHubConfig]):
             since = (self.context.cursor(table.name, partition) or {}).get("since")
             started, url = None, path
             if since is None:
-                # No cursor: the whole repository (a first sync, or the daily complete pass).
+                # No cursor: the whole repository (every sync, unless an operator's
+                # complete_every says only what changed is read until the next complete pass).
                 yield Resync()
                 params = LIST_PARAMS
             else:

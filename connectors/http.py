@@ -40,6 +40,7 @@ from connectors.context import CachedResponse, RequestContext
 from connectors.errors import (
     AuthError,
     ContentTooLarge,
+    NotFound,
     PermanentError,
     RateLimited,
     RetryableError,
@@ -303,6 +304,7 @@ class HttpClient:
                 # The credentials just sent were refused: never send them again.
                 self._auth.refused()
                 try:
+                    self._respect_budget()  # the token endpoint is the provider too
                     renewed = self._auth.refresh()
                 except RateLimited as limited:
                     if not self._wait_inline(limited, inline_waits):
@@ -323,6 +325,12 @@ class HttpClient:
                         response.headers.get("retry-after"),
                     )
                 wait = verdict.wait
+                if wait is not None:
+                    # The window holds every request of the budget, on every worker, however
+                    # short: a job that sleeps it out alone leaves the others sending into it.
+                    self._context.report_rate_limit(
+                        _now() + timedelta(seconds=wait), f"{response.status_code} from {where}"
+                    )
                 if (
                     wait is not None
                     and wait <= self._max_inline_wait
@@ -332,13 +340,11 @@ class HttpClient:
                     self._context.logger.info("%s rate limited; waiting %.1f s", where, wait)
                     self._rate_limit_sleep(wait)
                     continue
-                if wait is not None:
-                    self._context.report_rate_limit(
-                        _now() + timedelta(seconds=wait), f"{response.status_code} from {where}"
-                    )
                 raise RateLimited(f"{where}: {response.status_code} rate limited", wait)
             if verdict.verdict in (Verdict.RETRYABLE, Verdict.TRANSIENT):
                 raise RetryableError(f"{where}: {response.status_code} {_snippet(response)}")
+            if response.status_code in (404, 410):
+                raise NotFound(f"{where}: {response.status_code} {_snippet(response)}")
             raise PermanentError(f"{where}: {response.status_code} {_snippet(response)}")
 
     def json_of(self, response: httpx.Response) -> Any:
@@ -369,9 +375,9 @@ class HttpClient:
         """Sleep out a short rate limit the credentials' token endpoint asked for; False when
         it is too long (the attempt ends and the run waits in the queue instead)."""
         wait = limited.retry_after
+        if wait is not None:
+            self._context.report_rate_limit(_now() + timedelta(seconds=wait), limited.message)
         if wait is None or wait > self._max_inline_wait or waits_so_far >= MAX_INLINE_WAITS:
-            if wait is not None:
-                self._context.report_rate_limit(_now() + timedelta(seconds=wait), limited.message)
             return False
         self._context.logger.info("%s; waiting %.1f s", limited.message, wait)
         self._rate_limit_sleep(wait)

@@ -40,7 +40,17 @@ import httpx
 from pydantic import BaseModel, ConfigDict, StringConstraints, model_validator
 
 from connectors.auth import OAuth2
-from connectors.base import Checkpoint, Connector, Deleted, Item, Mode, Position, Resync, Table
+from connectors.base import (
+    Checkpoint,
+    Connector,
+    Deleted,
+    Deletions,
+    Item,
+    Mode,
+    Position,
+    Resync,
+    Table,
+)
 from connectors.context import ConnectorContext
 from connectors.credentials import OAuth2ClientCredentials
 from connectors.errors import FileGone, PermanentError
@@ -118,7 +128,7 @@ def resync_code(response: httpx.Response) -> str:
 
 class GraphDriveConnector(Connector[GraphDriveConfig]):
     provider = "msgraph_drive"
-    tables = (Table("drive_items", "id", Mode.INCREMENTAL, files=True),)
+    tables = (Table("drive_items", "id", Mode.INCREMENTAL, deletions=Deletions.FEED, files=True),)
     config_model = GraphDriveConfig
     credentials_model = OAuth2ClientCredentials
 

@@ -1,15 +1,19 @@
 """Procore: a company's companies and projects (``full``), and the RFIs of each project
 (``incremental``, each project a partition: one that fails fails only its own slice).
 
-RFIs are read by update time: a sync lists those updated since the last one, per project, with
-``filters[updated_at]=SINCE...NOW``, and saves NOW, the end of that range, as the project's
-cursor; the fixed end keeps items updated during the read out of it. Once a day
-(``complete_every``) the cursor is withheld and every RFI is listed, which finds deletions.
+Every table is listed completely at every sync, so an RFI moved to the recycle bin or deleted
+upstream is tombstoned by the next sync, and so are the RFIs of a project that leaves the
+company's listing of active projects (it is a partition no longer listed). RFIs also save, per
+project, the end of the time range read: an operator who sets ``complete_every`` for them
+(trading deletion latency for requests) gets syncs that list only the RFIs updated since, with
+``filters[updated_at]=SINCE...NOW`` (the fixed end keeps items updated during the read out of
+it), between complete listings.
 
 Procore lists by page number, so a listing shifts when an item is deleted while it is read: all
 three tables are ``shifting``. A project or RFI missing from a complete listing is confirmed
 with its show endpoint (``GET /rest/v1.0/projects/{id}``, ``.../projects/{id}/rfis/{id}``: a 404
-is gone, a 200 still there) before it is tombstoned; companies have no show endpoint, so a
+or 410 is gone, and so is a project shown inactive or an RFI shown deleted; any other 200 is
+still there) before it is tombstoned; companies have no show endpoint, so a
 company is tombstoned once two complete listings missed it. The page number is the position a
 later attempt resumes from, and ``Total`` gives the total.
 
@@ -40,7 +44,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from connectors.auth import OAuth2
 from connectors.base import (
-    DAILY,
     Checkpoint,
     Connector,
     Item,
@@ -120,7 +123,7 @@ class ProcoreConnector(Connector[ProcoreConfig]):
     tables = (
         Table("companies", shifting=True),
         Table("projects", shifting=True),
-        Table("rfis", mode=Mode.INCREMENTAL, shifting=True, complete_every=DAILY),
+        Table("rfis", mode=Mode.INCREMENTAL, shifting=True),
     )
     config_model = ProcoreConfig
     credentials_model = OAuth2RefreshCredentials
@@ -183,7 +186,8 @@ class ProcoreConnector(Connector[ProcoreConfig]):
             since = (self.context.cursor(table.name, partition) or {}).get("since")
             until = _now_iso()
             if since is None:
-                # No cursor: every RFI of the project (a first sync, or the daily complete pass).
+                # No cursor: every RFI of the project (every sync, unless an operator's
+                # complete_every says only what changed is read until the next complete pass).
                 yield Resync()
         params = {} if since is None else {"filters[updated_at]": f"{since}...{until}"}
         window = {"since": since, "until": until}
@@ -202,8 +206,10 @@ class ProcoreConnector(Connector[ProcoreConfig]):
     def confirm_deleted(
         self, table: Table, partition: str | None, missing: Mapping[str, Mapping[str, Any]]
     ) -> Collection[str] | None:
-        """Ask Procore for each missing project or RFI: 404 is gone, 200 still there.
-        Companies have no show endpoint: None (two complete listings decide)."""
+        """Ask Procore for each missing project or RFI: 404 or 410 is gone, and so is a project
+        shown inactive (the listing holds active projects only) or an RFI shown deleted (in the
+        recycle bin); any other 200 is still there. Companies have no show endpoint: None (two
+        complete listings decide)."""
         if table.name == "companies":
             return None
         gone = []
@@ -213,7 +219,7 @@ class ProcoreConnector(Connector[ProcoreConfig]):
             else:
                 url, params = f"/rest/v1.0/projects/{partition}/rfis/{key}", {}
             response = self._http.get(url, params=params, expect=(404, 410))
-            if response.status_code in (404, 410):
+            if response.status_code in (404, 410) or _out_of_scope(self._http.json_of(response)):
                 gone.append(key)
         return gone
 
@@ -265,6 +271,14 @@ class ProcoreConnector(Connector[ProcoreConfig]):
             until = spent_until(response, datetime.now(UTC))
             if until is not None:
                 self.context.report_rate_limit(until, "Procore X-Rate-Limit-Remaining reached 0")
+
+
+def _out_of_scope(shown: Any) -> bool:
+    """A project or RFI Procore still shows, but that its listing no longer holds: an inactive
+    project, a recycled (deleted) RFI (pure)."""
+    if not isinstance(shown, Mapping):
+        return False
+    return shown.get("active") is False or bool(shown.get("deleted_at"))
 
 
 def _project_id(project: Mapping[str, Any]) -> str:

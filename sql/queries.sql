@@ -72,6 +72,12 @@ ON CONFLICT (key) DO UPDATE
    SET blocked_until = greatest(rate_budgets.blocked_until, EXCLUDED.blocked_until),
        reason = EXCLUDED.reason, updated_at = now();
 
+-- name: rate_budget_until
+-- When a shared rate budget is free again, if a provider said it is spent. Asked before every
+-- request any job sends to a provider, so that once one worker hears of a window no request of
+-- the budget leaves any worker before it ends.
+SELECT blocked_until FROM rate_budgets WHERE key = %(key)s AND blocked_until > now();
+
 -- name: lock_credentials
 -- Locks a connection's row for a credential refresh, once this claim is known to still hold
 -- its run (fenced; the run row stays share-locked, so the save below cannot lose the lease):
@@ -626,6 +632,44 @@ SELECT complete_table_v1(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table
 -- passes of `whole` once that step reached the end. Fenced; never tombstones by lost seen keys.
 SELECT * FROM end_table_v1(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
                            %(partitions)s, %(whole)s::text[], %(stamp)s, %(limit)s);
+
+-- name: table_partitions
+-- The partitions of a table as the last sync listed them, and those that answered 404 since
+-- which run (absent_partitions: partition -> run id), to find the partitions that are gone.
+SELECT coalesce(partitions, '{}') AS partitions, coalesce(absent_partitions, '{}') AS absent
+  FROM table_state
+ WHERE connection_id = %(connection_id)s AND table_name = %(table_name)s;
+
+-- name: tombstone_partitions
+-- One bounded step tombstoning the live rows of partitions that are gone (see
+-- tombstone_partitions_v1() in 0025_partitions_that_leave.sql). Fenced.
+SELECT * FROM tombstone_partitions_v1(%(run_id)s, %(lease_owner)s, %(connection_id)s,
+                                      %(table_name)s, %(partitions)s, %(after)s, %(limit)s);
+
+-- name: save_partitions
+-- The listing of a table's partitions as this run saw it, and which answered 404 since which
+-- run. Written only after the rows of the partitions that are gone were tombstoned, so a crash
+-- in between finds them gone again rather than forgetting them. A gone partition loses its
+-- cursor and its complete pass: one that comes back is read whole. Fenced; committed
+-- asynchronously like every intermediate write of a run.
+WITH async AS (
+    SELECT set_config('synchronous_commit', 'off', true)
+), fence AS (
+    SELECT id FROM connection_runs
+     WHERE run_fence_v1(connection_runs, %(run_id)s, %(lease_owner)s)
+       FOR SHARE
+)
+INSERT INTO table_state AS s (connection_id, table_name, partitions, absent_partitions)
+SELECT %(connection_id)s, %(table_name)s, %(listed)s::text[], %(absent)s::jsonb
+  FROM fence, async
+ON CONFLICT (connection_id, table_name) DO UPDATE
+   SET partitions = EXCLUDED.partitions,
+       absent_partitions = EXCLUDED.absent_partitions,
+       cursor = CASE WHEN jsonb_typeof(s.cursor) = 'object' THEN s.cursor - %(gone)s::text[]
+                     ELSE s.cursor END,
+       complete_passes = s.complete_passes - %(gone)s::text[],
+       updated_at = now()
+RETURNING 1 AS fenced;
 
 -- name: save_cursor
 -- Saves an incremental table's cursor (one partition's, inside the table's cursor object, when

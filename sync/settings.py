@@ -160,9 +160,11 @@ class Settings(BaseSettings):
 
     complete_every: Annotated[dict[str, timedelta], NoDecode] = Field(
         default_factory=dict,
-        description="How often an incremental table is read completely (to find deletions), "
-        "per provider and table, overriding the connector's own interval: "
-        "`github.issues=12h,procore.rfis=2d`.",
+        description="An opt-in that trades deletion latency for requests: how often an "
+        "incremental table whose deletions only a complete listing shows is read completely, "
+        "per provider and table (`github.issues=12h,procore.rfis=2d`); between those passes "
+        "only what changed is read, and a deletion is found up to that much later. Unset: "
+        "every sync lists such a table completely, so a deletion is found by the next sync.",
     )
 
     metrics_timeout: float = Field(
@@ -314,12 +316,10 @@ class Settings(BaseSettings):
                 raise ValueError(f"the interval of {name!r} must be longer than zero")
         return value
 
-    def complete_every_of(
-        self, provider: str, table: str, default: timedelta | None
-    ) -> timedelta | None:
-        """How often ``provider``'s incremental ``table`` is read completely: the operator's
-        setting, else the connector's own ``default``."""
-        return self.complete_every.get(f"{provider}.{table}", default)
+    def complete_every_of(self, provider: str, table: str) -> timedelta | None:
+        """How often ``provider``'s incremental ``table``, whose deletions only a complete
+        listing shows, is read completely; None (the default): at every sync."""
+        return self.complete_every.get(f"{provider}.{table}")
 
     @property
     def renew_interval(self) -> float:

@@ -10,11 +10,16 @@ provider (``Connector.confirm_deleted``, bounded by ``Table.confirm_limit`` per 
 spending the same rate budget as the reads); what the provider confirms is tombstoned, what it
 shows alive is kept. Keys the connector cannot confirm (no per-item read, or past the bound) are
 tombstoned only when a second complete listing misses them too (``mark_missing``).
+
+A partition is gone as a whole when the listing that defines the table's partitions no longer
+holds it (a project made inactive, a repository removed from the config), or when its read
+answers 404 (or 410) at a second sync in a row: its live rows are tombstoned without asking the
+provider about each (``partitions_gone``, then ``TombstonePass.tombstone_partitions``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +39,38 @@ class _Missing:
 
     to_confirm: dict[str, Mapping[str, Any]] = field(default_factory=dict)
     beyond_bound: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PartitionsGone:
+    """What a sync's listing of a table's partitions says, beside the last sync's."""
+
+    gone: list[str]
+    """Partitions whose rows are tombstoned now: no longer listed, or answering 404 again."""
+    absent: dict[str, int]
+    """Listed partitions that answered 404, each with the run that first met the 404."""
+    changed: bool
+    """Whether the saved listing changes (nothing is written when it does not)."""
+
+
+def partitions_gone(
+    saved: Sequence[str],
+    absent_before: Mapping[str, int],
+    listed: Sequence[str],
+    absent_now: Collection[str],
+    run_id: int,
+) -> PartitionsGone:
+    """Which partitions are gone (pure): those the last sync listed that this one does not,
+    and those that answered 404 to this run after a 404 to an earlier run. A first 404 only
+    notes the run; a partition that reads again is no longer absent."""
+    listing = set(listed)
+    absent = {p: int(absent_before.get(p, run_id)) for p in absent_now if p in listing}
+    gone = sorted(
+        {p for p in saved if p not in listing}
+        | {p for p, since in absent.items() if since != run_id}
+    )
+    changed = bool(gone) or list(saved) != list(listed) or absent != dict(absent_before)
+    return PartitionsGone(gone, absent, changed)
 
 
 class TombstonePass:
@@ -94,6 +131,19 @@ class TombstonePass:
             _add(gone, self._unconfirmed(partitions, after=end.step.last_key or ""))
         self._writes.complete_table(stamp=every_partition, partitions=stamped)
         return gone
+
+    def tombstone_partitions(self, gone: list[str]) -> dict[str, int]:
+        """Tombstone every live row of partitions that are gone, in bounded steps; how many per
+        partition."""
+        tombstoned: dict[str, int] = {}
+        after = ""
+        while True:
+            self._abort.check()
+            step = self._writes.tombstone_partitions_step(gone, after, self._step)
+            _add(tombstoned, step.tombstoned)
+            if step.scanned < self._step or step.last_key is None:
+                return tombstoned
+            after = step.last_key
 
     def _unconfirmed(self, partitions: list[str] | None, *, after: str) -> dict[str, int]:
         gone: dict[str, int] = {}

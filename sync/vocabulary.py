@@ -74,7 +74,7 @@ class ErrorKind(StrEnum):
     RATE_LIMITED = "rate_limited"  # the provider's budget is spent
     PERMANENT = "permanent"  # retrying cannot help
     TOO_LARGE = "too_large"  # a download went past its byte limit
-    GONE = "gone"  # the file was deleted upstream
+    GONE = "gone"  # not there upstream (404, 410): a deleted file, a partition out of reach
     AUTH = "auth"  # the credentials were refused: the connection is disconnected
     CONFIG = "config"  # the connection's config or credentials do not validate
     RECORD = "record"  # Postgres refused a record or a value (data error, constraint)

@@ -18,7 +18,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from connectors import Checkpoint, Connector, Deleted, Mode, Position, Table, Total, register
+from connectors import (
+    Checkpoint,
+    Connector,
+    Deleted,
+    Deletions,
+    Mode,
+    Position,
+    Table,
+    Total,
+    register,
+)
 
 
 @dataclass
@@ -79,10 +89,11 @@ class MemoryConnector(Connector[MemoryConfig]):
 
 @register
 class MemoryEventsConnector(Connector[MemoryConfig]):
-    """An incremental table: rows carry a `seq`; the cursor is the highest seq written."""
+    """An incremental table read from a feed: rows carry a `seq`; the cursor is the highest seq
+    written."""
 
     provider = "memory_events"
-    tables = (Table("events", "id", Mode.INCREMENTAL),)
+    tables = (Table("events", "id", Mode.INCREMENTAL, deletions=Deletions.FEED),)
     config_model = MemoryConfig
 
     def read(self, table: Table) -> Iterator[Any]:

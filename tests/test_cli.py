@@ -469,8 +469,8 @@ def test_complete_every_is_parsed_per_provider_and_table(
         "github.issues": timedelta(hours=12),
         "procore.rfis": timedelta(days=2),
     }
-    assert settings.complete_every_of("github", "issues", timedelta(days=1)) == timedelta(hours=12)
-    assert settings.complete_every_of("msgraph", "drive_items", None) is None  # the connector's
+    assert settings.complete_every_of("github", "issues") == timedelta(hours=12)
+    assert settings.complete_every_of("github", "pull_requests") is None  # every sync
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from connectors import Checkpoint, Mode, Table
+from connectors import Checkpoint, Deletions, Mode, Table
 from sync import Engine
 from sync.abort import AbortReason, AbortSignal
 from sync.errors import LeaseLost
@@ -61,7 +61,7 @@ def test_every_write_of_a_stale_claim_matches_nothing(engine: Engine, admin: Any
     first = claim(engine, "worker-a")
     stale = Lease(first["id"], first["lease_owner"])
     table = Table("items", "id", Mode.FULL)
-    events = Table("events", "id", Mode.INCREMENTAL)
+    events = Table("events", "id", Mode.INCREMENTAL, deletions=Deletions.FEED)
 
     with engine.pool.connection() as db:
         writer = RecordWriter(db, stale, conn.id, table, batch_size=10, abort=AbortSignal())

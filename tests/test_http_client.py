@@ -73,10 +73,14 @@ def test_a_short_retry_after_is_slept_in_the_run(
             httpx.Response(200, json={"ok": 1}),
         ]
     )
+    before = datetime.now(UTC)
     assert client.get_json("/items") == {"ok": 1}
     assert context.slept == [7.0]
     assert context.rate_limit_waits == [7.0]  # counted as a rate-limit wait, not a backoff
-    assert context.rate_limits == []
+    # The window holds every job of the budget, not only this one: it is reported.
+    ((until, reason),) = context.rate_limits
+    assert before + timedelta(seconds=7) <= until <= datetime.now(UTC) + timedelta(seconds=7)
+    assert reason == "429 from GET https://api.example.test/items"
 
 
 def test_a_long_retry_after_ends_the_attempt_and_blocks_the_budget(

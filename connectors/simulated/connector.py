@@ -33,6 +33,7 @@ from connectors.base import (
     Checkpoint,
     Connector,
     Deleted,
+    Deletions,
     Item,
     Mode,
     Position,
@@ -170,7 +171,10 @@ class SimulatedCrm(_Simulated):
 
     provider = "simulated_crm"
     api = "crm"
-    tables = (Table("contacts", shifting=True), Table("deals", mode=Mode.INCREMENTAL))
+    tables = (
+        Table("contacts", shifting=True),
+        Table("deals", mode=Mode.INCREMENTAL, deletions=Deletions.FEED),
+    )
 
     def read(self, table: Table) -> Iterator[Item | list[Item]]:
         resumed = self.context.position(table.name) or {}

@@ -23,7 +23,7 @@ from connectors.context import CachedResponse
 from connectors.errors import PermanentError
 from sync import redact
 from sync.abort import AbortReason, AbortSignal
-from sync.budgets import budget_key_of
+from sync.budgets import SharedBudget, budget_key_of, shared_key
 from sync.db import Pool
 from sync.errors import LeaseLost
 from sync.ingestions import store
@@ -149,7 +149,6 @@ class IngestionContext:
         self._lease = lease  # None for an archive expansion, which holds no lease
         self._connection_id = connection_id
         self._provider = provider
-        self._budget_key = budget_key
         self._connector_class = connector_class
         self._config = config
         self._credentials = credentials
@@ -158,7 +157,7 @@ class IngestionContext:
         self._secrets = secrets
         self._max_inline_wait = max_inline_wait
         self._logger = logger
-        self._blocked_until: datetime | None = None
+        self._budget = SharedBudget(RunStore(pool), shared_key(budget_key, connection_id))
 
     @property
     def config(self) -> BaseModel:
@@ -202,9 +201,7 @@ class IngestionContext:
 
     def learn(self, control: Control) -> None:
         """What the lease keeper's control read says of the connection's rate budget."""
-        until = control.budget_blocked_until
-        if until is not None and (self._blocked_until is None or until > self._blocked_until):
-            self._blocked_until = until
+        self._budget.view.learn(control)
 
     def refresh_credentials(
         self, refresh: Callable[[Mapping[str, Any]], Mapping[str, Any]]
@@ -235,14 +232,8 @@ class IngestionContext:
         return None  # ingestions export no rate-limit figures
 
     def report_rate_limit(self, until: datetime, reason: str) -> None:
-        if self._blocked_until is None or until > self._blocked_until:
-            self._blocked_until = until
-        if self._budget_key is None:
-            return
-        RunStore(self._pool).block_rate_budget(self._budget_key, until, redact.redact(reason))
+        self._budget.spent_until(until, reason)
+        self._logger.info("rate budget spent until %s: %s", until.isoformat(), reason)
 
     def rate_limited_until(self) -> datetime | None:
-        until = self._blocked_until
-        if until is not None and until <= datetime.now(UTC):
-            return None
-        return until
+        return self._budget.free_at()

@@ -15,7 +15,7 @@ from connectors.context import CachedResponse
 from connectors.errors import PermanentError
 from sync import redact
 from sync.abort import AbortSignal
-from sync.budgets import BudgetView, budget_key_of
+from sync.budgets import BudgetView, SharedBudget, budget_key_of, shared_key
 from sync.checkpoints import RunCheckpoints
 from sync.http_cache import HttpCache
 from sync.runs.log import Logger
@@ -55,7 +55,8 @@ class RunContext:
         # cursors are withheld.
         self._withheld: set[tuple[str, str]] = set()
         self._abort = abort
-        self._budget = budget
+        assert run.connection_id is not None
+        self._budget = SharedBudget(store, shared_key(run.budget_key, run.connection_id), budget)
         self._store = store
         self._secrets = secrets
         self._settings = settings
@@ -134,18 +135,11 @@ class RunContext:
         return fresh
 
     def rate_limit_slept(self, seconds: float) -> None:
-        self._budget.slept(seconds)
+        self._budget.view.slept(seconds)
 
     def report_rate_limit(self, until: datetime, reason: str) -> None:
-        key = self._run.budget_key
-        self._budget.spent_until(until)
-        if key is None:
-            return
-        self._store.block_rate_budget(key, until, redact.redact(reason))
+        self._budget.spent_until(until, reason)
         self._logger.info("rate budget spent until %s: %s", until.isoformat(), reason)
 
     def rate_limited_until(self) -> datetime | None:
-        until = self._budget.until
-        if until is not None and until <= self._store.now():
-            return None
-        return until
+        return self._budget.free_at()

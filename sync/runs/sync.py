@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from connectors.base import Connector, Mode, Table
+from connectors.base import Connector, Table
 from connectors.errors import Aborted, AuthError, ConnectorError, RetryableError
 from sync import redact, tracing
 from sync.abort import AbortReason, AbortSignal
@@ -42,7 +42,7 @@ from sync.runs.outcome import Outcomes, decider
 from sync.secrets import SecretBox
 from sync.settings import Settings
 from sync.store import ClaimedRun, CompletePasses, RunStore, TableWrites
-from sync.tombstones import TombstonePass
+from sync.tombstones import TombstonePass, partitions_gone
 from sync.vocabulary import SETTLED, ConnectionStatus, ErrorKind, RunError, RunStatus, TableStatus
 
 
@@ -165,7 +165,7 @@ class SyncJob:
         self, run: ClaimedRun, tables: list[Table]
     ) -> dict[str, CompletePasses] | None:
         """When the connection's tables were last read completely; None when no table to read
-        has a periodic complete pass."""
+        has a periodic complete pass (an operator's ``complete_every``)."""
         if not any(self._complete_every(run, t) for t in tables):
             return None
         assert run.connection_id is not None
@@ -179,11 +179,16 @@ class SyncJob:
         checkpoints: RunCheckpoints,
         now: datetime,
     ) -> Callable[[list[str]], set[str]] | None:
-        """Which slices of ``table`` are due their periodic complete pass, once its partitions
-        are known; None for a table without one."""
-        every = self._complete_every(run, table)
-        if every is None or passes is None:
+        """Which slices of an incremental ``table`` whose deletions only a complete listing
+        shows are read completely in this run, once its partitions are known: every slice at
+        every sync, unless an operator set a ``complete_every`` for the table; None for a
+        table whose cursor is always given."""
+        if not table.listed_whole_for_deletions:
             return None
+        every = self._complete_every(run, table)
+        if every is None:
+            return set
+        assert passes is not None
         return partial(
             slices_due,
             every=every,
@@ -193,9 +198,9 @@ class SyncJob:
         )
 
     def _complete_every(self, run: ClaimedRun, table: Table) -> timedelta | None:
-        if table.mode is not Mode.INCREMENTAL:
+        if not table.listed_whole_for_deletions:
             return None
-        return self._settings.complete_every_of(run.provider, table.name, table.complete_every)
+        return self._settings.complete_every_of(run.provider, table.name)
 
     def _open_connector(
         self,
@@ -393,6 +398,12 @@ class SyncJob:
         done = {n: c for n in names if (c := checkpoints.get(table.name, n)) and c.done}
         if len(done) + sum(slices.failed(n) for n in names) < len(names):
             return False  # a slice waits for another attempt: tombstone nothing yet
+        assert run.connection_id is not None
+        tombstones = TombstonePass(
+            conn, run.lease, run.connection_id, table, abort, step=self._settings.tombstone_step
+        )
+        if names != [None]:
+            self._settle_partitions(conn, run, table, names, tombstones, slices, logger)
         whole = [n or "" for n, c in done.items() if c.resync]
         if not whole:
             return False
@@ -402,10 +413,9 @@ class SyncJob:
             def confirm(partition: str | None, missing: Any) -> Any:
                 return connector.confirm_deleted(table, partition, missing)
 
-        assert run.connection_id is not None
-        gone = TombstonePass(
-            conn, run.lease, run.connection_id, table, abort, step=self._settings.tombstone_step
-        ).run(whole, every_partition=len(whole) == len(names), confirm=confirm, all_seen=all_seen)
+        gone = tombstones.run(
+            whole, every_partition=len(whole) == len(names), confirm=confirm, all_seen=all_seen
+        )
         if gone is None:  # the seen keys were lost: nothing was tombstoned
             if last_round:
                 raise RetryableError(
@@ -416,6 +426,34 @@ class SyncJob:
             return True
         slices.tombstoned(gone)
         return False
+
+    @staticmethod
+    def _settle_partitions(
+        conn: Connection,
+        run: ClaimedRun,
+        table: Table,
+        names: list[str | None],
+        tombstones: TombstonePass,
+        slices: _SliceResults,
+        logger: Logger,
+    ) -> None:
+        """Tombstones the rows of the partitions that are gone (no longer listed, or answering
+        404 at a second sync in a row), then saves this run's listing."""
+        assert run.connection_id is not None
+        writes = TableWrites(conn, run.lease, run.connection_id, table.name)
+        saved, absent_before = writes.partitions()
+        listed = [n for n in names if n is not None]
+        found = partitions_gone(saved, absent_before, listed, slices.absent(listed), run.id)
+        if found.gone:
+            logger.warning(
+                "table %s: partitions %s are gone (no longer listed, or 404 at two syncs in a "
+                "row): tombstoning their rows",
+                table.name,
+                ", ".join(found.gone),
+            )
+            slices.gone(found.gone, tombstones.tombstone_partitions(found.gone))
+        if found.changed:
+            writes.save_partitions(listed, found.absent, found.gone)
 
     def _restart_table(
         self,
@@ -522,6 +560,31 @@ class _SliceResults:
         for name, n in gone.items():
             part = self._parts.setdefault(name, TableResult(TableStatus.SUCCEEDED))
             part.tombstoned += n
+
+    def absent(self, names: list[str]) -> list[str]:
+        """The partitions whose read answered 404 (or 410), in this attempt or an earlier one
+        of the run."""
+        found = []
+        for name in names:
+            latest = self._parts.get(name) or (
+                self._before.get(name) if not self._retried else None
+            )
+            error = latest.error if latest else None
+            if (
+                latest
+                and latest.status is TableStatus.FAILED
+                and error
+                and error.kind is ErrorKind.GONE
+            ):
+                found.append(name)
+        return found
+
+    def gone(self, names: list[str], tombstoned: Mapping[str, int]) -> None:
+        """Partitions found gone as a whole: each settled, with the rows tombstoned."""
+        for name in names:
+            self._parts[name] = TableResult(
+                TableStatus.SUCCEEDED, tombstoned=tombstoned.get(name, 0)
+            )
 
     def fail_table(self, status: TableStatus, error: RunError | None) -> None:
         self._failure = (status, error)

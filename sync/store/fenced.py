@@ -214,6 +214,32 @@ class TableWrites:
         row = self._fenced(QUERIES.unseen_rows, partitions=partitions, after=after, limit=limit)
         return UnseenStep.from_row(row)
 
+    def tombstone_partitions_step(
+        self, partitions: list[str], after: str, limit: int
+    ) -> TombstoneStep:
+        """One bounded step tombstoning the live rows of partitions that are gone."""
+        row = self._fenced(
+            QUERIES.tombstone_partitions, partitions=partitions, after=after, limit=limit
+        )
+        return TombstoneStep.from_row(row)
+
+    def partitions(self) -> tuple[list[str], dict[str, int]]:
+        """The table's partitions as the last sync listed them, and those that answered 404
+        since which run."""
+        row = self._conn.execute(
+            QUERIES.table_partitions,
+            {"connection_id": self._connection_id, "table_name": self._table_name},
+            prepare=False,
+        ).fetchone()
+        return (list(row["partitions"]), dict(row["absent"])) if row else ([], {})
+
+    def save_partitions(
+        self, listed: list[str], absent: Mapping[str, int], gone: list[str]
+    ) -> None:
+        """This run's listing of the table's partitions and the 404s since which run; the
+        ``gone`` partitions lose their cursors and complete passes."""
+        self._fenced(QUERIES.save_partitions, listed=listed, absent=Jsonb(dict(absent)), gone=gone)
+
     def end_table(
         self, partitions: list[str] | None, *, whole: list[str], stamp: bool, limit: int
     ) -> TableEnd:

@@ -250,6 +250,14 @@ class RunStore(PooledStore):
             lambda conn: conn.execute(QUERIES.block_rate_budget, params), idempotent=False
         )
 
+    def rate_budget_until(self, key: str) -> datetime | None:
+        """When a shared rate budget is free again, if a provider said it is spent."""
+        row = self._on_pool(
+            lambda conn: conn.execute(QUERIES.rate_budget_until, {"key": key}).fetchone(),
+            idempotent=True,
+        )
+        return row["blocked_until"] if row else None
+
     @staticmethod
     def lock_credentials(conn: Connection, lease: Lease, connection_id: int) -> bytes | None:
         """Lock the connection's row for a credential refresh, in the caller's transaction,

@@ -3,8 +3,8 @@ endpoints paged by page number with a ``Link`` header whose URLs name the reposi
 (``next``, ``last``, ``prev``, ``first``), ``since``/``sort``/``direction`` on issues, an
 ``ETag`` on every list page and 304 for a matching ``If-None-Match`` (which does not spend the
 rate limit), ``x-ratelimit-*`` headers on every answer, one issue or pull request by number
-(404 once deleted, 301 to its new home once transferred), and 404 for a repository the token
-cannot see. Tests change its data between requests, or while a page is served (``on_page``)."""
+(404 once deleted, 301 to its new home once transferred), 404 for a repository the token
+cannot see and 403 for one it may no longer read. Tests change its data between requests, or while a page is served (``on_page``)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,11 @@ from tests.connectors.helpers import fixture
 
 BASE = "https://api.github.com"
 OWNER = "octocat"
+FORBIDDEN = {
+    "message": "Resource not accessible by personal access token",
+    "documentation_url": "https://docs.github.com/rest/issues/issues#list-repository-issues",
+    "status": "403",
+}
 NOT_FOUND = {
     "message": "Not Found",
     "documentation_url": "https://docs.github.com/rest/issues/issues#list-repository-issues",
@@ -78,6 +83,7 @@ class Repo:
     pulls: list[dict[str, Any]] = field(default_factory=list)
     transferred: dict[int, str] = field(default_factory=dict)  # issue number -> new URL
     visible: bool = True
+    forbidden: bool = False  # the token lost its permission: 403, as GitHub answers then
     failing: bool = False  # answers 500, as GitHub does when something breaks on its side
 
 
@@ -117,6 +123,8 @@ class GitHub:
         repo = self.repos.get(name)
         if repo is None or not repo.visible:
             return self._json(NOT_FOUND, 404)
+        if repo.forbidden:
+            return self._json(FORBIDDEN, 403)
         if repo.failing:
             return self._json({"message": "Server Error"}, 500)
         kind = rest[0]

@@ -105,12 +105,23 @@ def test_first_sync_then_updates_deletions_and_additions(
     assert issues_2.calls.last.request.url == PAGE_2
 
     # Upstream: #1347 closed, #1349 deleted, #1350 untouched, #1352 opened, PR #1348 merged.
-    # The next sync asks only for what changed since the first one began (newest first).
+    # The next sync lists every issue again: #1349 is missing, GitHub confirms it is gone, and
+    # it is tombstoned by this very sync.
     closed = fixture("github", "issues_page1.json")[0]
     closed.update(state="closed", state_reason="completed", closed_at="2024-05-06T10:00:00Z")
     closed["updated_at"] = "2024-05-06T10:00:00Z"
-    since = respx_mock.get(ISSUES, params={"sort": "updated", "direction": "desc"}).mock(
-        return_value=github([fixture("github", "issue_new.json"), closed])
+    issues.mock(
+        return_value=github(
+            [closed, fixture("github", "issues_page1.json")[1]], link=f'<{PAGE_2}>; rel="next"'
+        )
+    )
+    issues_2.mock(
+        return_value=last_page(
+            [*fixture("github", "issues_page2.json"), fixture("github", "issue_new.json")]
+        )
+    )
+    gone = respx_mock.get(f"{ISSUES}/1349").mock(
+        return_value=github({"message": "Not Found", "status": "404"}, 404)
     )
     prs = fixture("github", "pulls.json")
     merged_at = "2024-05-06T10:00:00Z"
@@ -120,42 +131,17 @@ def test_first_sync_then_updates_deletions_and_additions(
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded", run.error
     assert plain(run.results) == {
-        "issues": result(upserted=2),
+        "issues": result(upserted=2, unchanged=1, tombstoned=1),
         "pull_requests": result(upserted=1, unchanged=1),
     }
-    saved = sync_engine.records(conn_id, "issues")
-    assert since.calls.last.request.url.params["since"] <= min(
-        r.first_seen_at for r in saved
-    ).strftime("%Y-%m-%dT%H:%M:%SZ")
-    assert {r.external_id for r in saved} == {"1", "2268350733", "2270881045", "2281004112"}
-    merged = {r.external_id: r.data for r in sync_engine.records(conn_id, "pull_requests")}
-    assert merged["1827561250"]["merged_at"] == "2024-05-06T10:00:00Z"
-
-    # The daily complete pass lists everything again; #1349 is missing, and GitHub confirms it
-    # is gone before it is tombstoned.
-    with sync_engine.pool.connection() as db:
-        db.execute(
-            "UPDATE table_state SET last_full_sync_at = now() - interval '2 days', "
-            "complete_passes = NULL"
-        )
-    page_1 = [closed, fixture("github", "issues_page1.json")[1]]
-    issues.mock(return_value=github(page_1, link=f'<{PAGE_2}>; rel="next"'))
-    issues_2.mock(
-        return_value=last_page(
-            [*fixture("github", "issues_page2.json"), fixture("github", "issue_new.json")]
-        )
-    )
-    gone = respx_mock.get(f"{ISSUES}/1349").mock(
-        return_value=github({"message": "Not Found", "status": "404"}, 404)
-    )
-    run = run_sync(sync_engine, conn_id)
-    assert run.status == "succeeded", run.error
-    assert plain(run.results)["issues"] == result(unchanged=3, tombstoned=1)
     assert gone.call_count == 1
+    assert issues.calls.last.request.url.params.get("since") is None
     assert live_ids(sync_engine, conn_id, "issues") == {"1", "2270881045", "2281004112"}
     assert tombstoned_ids(sync_engine, conn_id, "issues") == {"2268350733"}
     issue = {r.external_id: r.data for r in sync_engine.records(conn_id, "issues")}["1"]
     assert issue["state"] == "closed"
+    merged = {r.external_id: r.data for r in sync_engine.records(conn_id, "pull_requests")}
+    assert merged["1827561250"]["merged_at"] == "2024-05-06T10:00:00Z"
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
-"""GitHub through the engine as its data changes: incremental issues with a daily complete pass,
-a listing that shifts while it is read, pull requests whose embedded repository changes, a
-resync with nothing new, and a repository that answers 404. Against a stateful fake that
+"""GitHub through the engine as its data changes: a deletion found by the next sync, an operator's
+opt-in to read only what changed between complete listings, a listing that shifts while it is
+read, pull requests whose embedded repository changes, a resync with nothing new (only 304s),
+a repository that answers 404, and one removed from the config. Against a stateful fake that
 answers as GitHub's REST docs say (tests/connectors/github_fake.py)."""
 
 from __future__ import annotations
@@ -31,21 +32,11 @@ def connect(engine: Engine, *repos: str) -> int:
     return conn.id
 
 
-def make_complete_pass_due(engine: Engine, connection_id: int) -> None:
-    """The daily complete pass of `issues` is due: its last one was two days ago."""
-    with engine.pool.connection() as conn:
-        conn.execute(
-            "UPDATE table_state SET last_full_sync_at = now() - interval '2 days', "
-            "complete_passes = NULL WHERE connection_id = %s AND table_name = 'issues'",
-            (connection_id,),
-        )
-
-
 def counts(result: dict[str, Any]) -> tuple[str, int, int, int]:
     return result["status"], result["upserted"], result["unchanged"], result["tombstoned"]
 
 
-def test_issues_are_read_by_update_time_and_a_daily_complete_pass_finds_deletions(
+def test_a_deletion_upstream_is_tombstoned_by_the_next_sync(
     sync_engine: Engine, respx_mock: respx.MockRouter
 ) -> None:
     github = GitHub(respx_mock)
@@ -72,10 +63,9 @@ def test_issues_are_read_by_update_time_and_a_daily_complete_pass_finds_deletion
     assert run.results["issues"]["total"] == 150
     assert "total_estimated" not in run.results["issues"]
     github.on_page = None
-    first = [q for q, _ in github.requests if "/issues" in q]
-    assert all("sort=created" in q for q in first)  # the first sync lists everything
 
-    # Upstream: #7 edited, #151 opened, #9 deleted. The next sync asks only for what changed.
+    # Upstream: #7 edited, #151 opened, #9 deleted. The next sync lists the repository whole,
+    # misses #9, has GitHub confirm it is gone, and tombstones it.
     repo.issues[6]["updated_at"] = "2099-01-01T00:00:00Z"
     repo.issues[6]["title"] = "Edited"
     repo.issues.append(make_issue("Hello-World", 151, updated_at="2099-01-01T00:00:01Z"))
@@ -83,24 +73,13 @@ def test_issues_are_read_by_update_time_and_a_daily_complete_pass_finds_deletion
     github.requests.clear()
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded", run.error
-    assert counts(run.results["issues"]) == ("succeeded", 2, 0, 0)
-    issue_requests = [q for q, _ in github.requests if "/issues" in q]
-    assert len(issue_requests) == 1 and "since=" in issue_requests[0]
-    assert "sort=updated" in issue_requests[0] and "direction=desc" in issue_requests[0]
-    assert "10000009" in live_ids(sync_engine, conn_id, "issues")  # not known deleted yet
-
-    # A day later the complete pass lists the repository whole; #9 is missing, GitHub confirms
-    # it is gone (404), and only then is it tombstoned.
-    make_complete_pass_due(sync_engine, conn_id)
-    github.requests.clear()
-    run = run_sync(sync_engine, conn_id)
-    assert run.status == "succeeded", run.error
-    assert counts(run.results["issues"]) == ("succeeded", 0, 150, 1)
+    assert counts(run.results["issues"]) == ("succeeded", 2, 148, 1)
     assert tombstoned_ids(sync_engine, conn_id, "issues") == {"10000009"}
+    assert issue_reads(github, "Hello-World") == ["whole"]
     assert ("/repos/octocat/Hello-World/issues/9", 404) in github.requests
 
 
-def test_an_operator_sets_how_often_issues_are_read_whole(
+def test_an_operator_may_read_only_what_changed_between_complete_listings(
     sync_engine: Engine, respx_mock: respx.MockRouter
 ) -> None:
     github = GitHub(respx_mock)
@@ -117,20 +96,27 @@ def test_an_operator_sets_how_often_issues_are_read_whole(
                 (hours, conn_id),
             )
 
-    # The connector's own interval is a day: a pass 13 hours old is not due.
-    last_pass_hours_ago(13)
+    # By default every sync lists the repository whole, however recent the last listing.
     github.requests.clear()
     assert run_sync(sync_engine, conn_id).status == "succeeded"
-    assert issue_reads(github, "Hello-World") == ["since"]
+    assert issue_reads(github, "Hello-World") == ["whole"]
 
-    # CONNECTOR_SYNC_COMPLETE_EVERY="github.issues=12h": now it is.
+    # CONNECTOR_SYNC_COMPLETE_EVERY="github.issues=12h": what changed since, until the last
+    # complete listing is 12 hours old; a deletion meanwhile waits for that listing.
     sync_engine.settings.complete_every = Settings(
         complete_every="github.issues=12h"
     ).complete_every
+    deleted = str(repo.issues.pop(0)["id"])
+    last_pass_hours_ago(11)
+    github.requests.clear()
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+    assert issue_reads(github, "Hello-World") == ["since"]
+    assert deleted in live_ids(sync_engine, conn_id, "issues")
     last_pass_hours_ago(13)
     github.requests.clear()
     assert run_sync(sync_engine, conn_id).status == "succeeded"
     assert issue_reads(github, "Hello-World") == ["whole"]
+    assert tombstoned_ids(sync_engine, conn_id, "issues") == {deleted}
     # ...and, just done, it is not due again.
     github.requests.clear()
     assert run_sync(sync_engine, conn_id).status == "succeeded"
@@ -146,14 +132,13 @@ def test_a_deletion_while_page_1_is_read_never_tombstones_a_live_issue(
     conn_id = connect(sync_engine, "Hello-World")
     assert run_sync(sync_engine, conn_id).status == "succeeded"
 
-    # The complete pass: issue #50 is deleted after page 1 was served, so #101, first on page
+    # The next sync: issue #50 is deleted after page 1 was served, so #101, first on page
     # 2 until then, moves onto page 1 and is never listed.
     def delete_50(repo_name: str, kind: str, page: int) -> None:
         if kind == "issues" and page == 2 and repo.issues[49]["number"] == 50:
             del repo.issues[49]
 
     github.on_page = delete_50
-    make_complete_pass_due(sync_engine, conn_id)
     github.requests.clear()
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded", run.error
@@ -164,9 +149,8 @@ def test_a_deletion_while_page_1_is_read_never_tombstones_a_live_issue(
     assert "10000101" in live_ids(sync_engine, conn_id, "issues")
     assert ("/repos/octocat/Hello-World/issues/101", 200) in github.requests
 
-    # The next complete pass misses #50, and GitHub confirms it is gone.
+    # The next sync misses #50, and GitHub confirms it is gone.
     github.on_page = None
-    make_complete_pass_due(sync_engine, conn_id)
     github.requests.clear()
     run = run_sync(sync_engine, conn_id)
     assert run.results["issues"]["tombstoned"] == 1
@@ -186,7 +170,6 @@ def test_a_transferred_issue_is_gone_from_its_old_repository(
 
     repo.issues.pop(1)
     repo.transferred[2] = "https://api.github.com/repositories/42/issues/17"
-    make_complete_pass_due(sync_engine, conn_id)
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded", run.error
     assert tombstoned_ids(sync_engine, conn_id, "issues") == {"10000002"}
@@ -246,14 +229,15 @@ def test_a_resync_with_nothing_changed_asks_once_per_table_and_repository_or_get
     spent_before = github.remaining
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded", run.error
-    # The reads of what changed since the last sync are never asked again: nothing is kept of
-    # them, so the cache does not grow with every sync.
+    # Every page of both complete listings is asked for again, and every one answers 304,
+    # which spends none of the rate limit.
     assert cache_entries(sync_engine, conn_id) == cached
     issues = [(q, s) for q, s in github.requests if "/issues" in q]
     pulls = [(q, s) for q, s in github.requests if "/pulls" in q]
-    assert len(issues) == 2 and all(s == 200 for _, s in issues)  # one since-read per repository
-    assert len(pulls) == 4 and all(s == 304 for _, s in pulls)  # two pages each, unchanged
-    assert github.remaining == spent_before - 2  # 304s cost nothing
+    assert len(issues) == 6 and all(s == 304 for _, s in issues)  # three pages each
+    assert len(pulls) == 4 and all(s == 304 for _, s in pulls)  # two pages each
+    assert github.remaining == spent_before
+    assert counts(run.results["issues"]) == ("succeeded", 0, 240, 0)
     assert counts(run.results["pull_requests"]) == ("succeeded", 0, 260, 0)
 
 
@@ -291,6 +275,57 @@ def test_one_repository_answering_404_fails_only_its_slice(
     assert tombstoned_ids(sync_engine, conn_id, "pull_requests") == {"20000002"}
     assert gone_ids <= live_ids(sync_engine, conn_id, "pull_requests")
 
+    # A second sync still gets 404: the repository is gone, and so are its rows.
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    assert counts(run.results["pull_requests"]["partitions"]["Gone"]) == ("succeeded", 0, 0, 2)
+    assert tombstoned_ids(sync_engine, conn_id, "pull_requests") == {"20000002", *gone_ids}
+
+    # Access comes back: the repository is read whole again, its rows live again.
+    gone.visible = True
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    assert gone_ids <= live_ids(sync_engine, conn_id, "pull_requests")
+
+
+def test_a_repository_removed_from_the_config_has_its_rows_tombstoned(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    github = GitHub(respx_mock)
+    for name in ("Hello-World", "Spoon-Knife"):
+        repo = github.repo(name)
+        repo.issues = [make_issue(name, n) for n in (1, 2)]
+        repo.pulls = [make_pull(name, n) for n in (3, 4)]
+    conn_id = connect(sync_engine, "Hello-World", "Spoon-Knife")
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+    spoon = {
+        table: {str(i["id"]) for i in items}
+        for table, items in (
+            ("issues", github.repo("Spoon-Knife").issues),
+            ("pull_requests", github.repo("Spoon-Knife").pulls),
+        )
+    }
+
+    sync_engine.update_connection(conn_id, config={"owner": "octocat", "repos": ["Hello-World"]})
+    github.requests.clear()
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    for table, ids in spoon.items():
+        assert tombstoned_ids(sync_engine, conn_id, table) == ids
+        assert counts(run.results[table]["partitions"]["Spoon-Knife"]) == ("succeeded", 0, 0, 2)
+    # The repository still exists on GitHub: nothing was asked of it.
+    assert not any("Spoon-Knife" in q for q, _ in github.requests)
+
+    # Put back in the config, it is read whole: its rows are live again.
+    sync_engine.update_connection(
+        conn_id, config={"owner": "octocat", "repos": ["Hello-World", "Spoon-Knife"]}
+    )
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    assert issue_reads(github, "Spoon-Knife") == ["whole"]
+    for table, ids in spoon.items():
+        assert ids <= live_ids(sync_engine, conn_id, table)
+
 
 def issue_reads(github: GitHub, repo: str) -> list[str]:
     """How the listings of one repository's issues were asked for: "since" (what changed) or
@@ -303,49 +338,55 @@ def test_a_repository_that_keeps_failing_holds_back_no_other_repositorys_increme
     sync_engine: Engine, respx_mock: respx.MockRouter
 ) -> None:
     github = GitHub(respx_mock)
-    hello, gone = github.repo("Hello-World"), github.repo("Gone")
+    hello, other = github.repo("Hello-World"), github.repo("Other")
     hello.issues = [make_issue("Hello-World", n) for n in range(1, 151)]
-    gone.issues = [make_issue("Gone", n) for n in range(1, 4)]
-    conn_id = connect(sync_engine, "Hello-World", "Gone")
+    other.issues = [make_issue("Other", n) for n in range(1, 4)]
+    sync_engine.settings.complete_every = Settings(complete_every="github.issues=1d").complete_every
+    conn_id = connect(sync_engine, "Hello-World", "Other")
     assert run_sync(sync_engine, conn_id).status == "succeeded"
 
-    # The token loses access to Gone, and the daily complete pass is due: Hello-World is read
-    # whole, Gone answers 404.
-    gone.visible = False
-    make_complete_pass_due(sync_engine, conn_id)
+    # The token loses its permission on Other (403), and the daily complete pass is due:
+    # Hello-World is read whole, Other fails.
+    other.forbidden = True
+    with sync_engine.pool.connection() as conn:
+        conn.execute(
+            "UPDATE table_state SET last_full_sync_at = now() - interval '2 days', "
+            "complete_passes = NULL WHERE connection_id = %s AND table_name = 'issues'",
+            (conn_id,),
+        )
     github.requests.clear()
     run = run_sync(sync_engine, conn_id)
     assert run.results["issues"]["status"] == "partial"
     assert issue_reads(github, "Hello-World") == ["whole"]
-    assert issue_reads(github, "Gone") == ["whole"]
+    assert issue_reads(github, "Other") == ["whole"]
 
-    # Hello-World's complete pass is done: it goes back to what changed since, while Gone,
+    # Hello-World's complete pass is done: it goes back to what changed since, while Other,
     # whose pass never happened, is asked for whole again (and fails alone).
     for _ in range(2):
         github.requests.clear()
         run = run_sync(sync_engine, conn_id)
         assert run.results["issues"]["status"] == "partial"
         assert issue_reads(github, "Hello-World") == ["since"]
-        assert issue_reads(github, "Gone") == ["whole"]
+        assert issue_reads(github, "Other") == ["whole"]
 
-    # Gone comes back, with #2 deleted meanwhile: it is read whole, and #2 is confirmed gone
+    # Other comes back, with #2 deleted meanwhile: it is read whole, and #2 is confirmed gone
     # and tombstoned; Hello-World still reads only what changed.
-    gone.visible = True
-    deleted = str(gone.issues.pop(1)["id"])
+    other.forbidden = False
+    deleted = str(other.issues.pop(1)["id"])
     github.requests.clear()
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded", run.error
     assert issue_reads(github, "Hello-World") == ["since"]
-    assert issue_reads(github, "Gone") == ["whole"]
-    assert ("/repos/octocat/Gone/issues/2", 404) in github.requests
+    assert issue_reads(github, "Other") == ["whole"]
+    assert ("/repos/octocat/Other/issues/2", 404) in github.requests
     assert tombstoned_ids(sync_engine, conn_id, "issues") == {deleted}
-    assert run.results["issues"]["partitions"]["Gone"]["tombstoned"] == 1
+    assert run.results["issues"]["partitions"]["Other"]["tombstoned"] == 1
 
-    # Its complete pass done, Gone too reads only what changed.
+    # Its complete pass done, Other too reads only what changed.
     github.requests.clear()
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded", run.error
-    assert issue_reads(github, "Hello-World") == issue_reads(github, "Gone") == ["since"]
+    assert issue_reads(github, "Hello-World") == issue_reads(github, "Other") == ["since"]
 
 
 def test_an_operators_retry_reads_the_partitions_that_had_failed(

@@ -24,6 +24,7 @@ from connectors.procore import (
 )
 from connectors.testing import FakeContext, read_table
 from sync import Engine
+from sync.settings import Settings
 from sync.testing import run_sync
 from tests.connectors.helpers import (
     fixture,
@@ -211,9 +212,13 @@ def test_first_sync_then_updates_deletions_and_additions(
     fresh.update(id=281090, number="2", subject="Door hardware at the MRI suite", status="open")
     routes[f"rfis_{MEDICAL}"].mock(return_value=procore([fresh], total=1))
 
-    # The project is confirmed gone before it is tombstoned; RFIs are asked for by update
-    # time, per project, so the recycled one is not known gone yet.
+    # The next sync lists everything again. The project is confirmed gone before it is
+    # tombstoned, and so is the recycled RFI; the project's RFIs go with it, as a partition the
+    # listing of projects no longer holds.
     parking = respx_mock.get(f"{PROJECTS}/{PARKING}").mock(
+        return_value=procore({"errors": "404 Not Found"}, 404)
+    )
+    recycled = respx_mock.get(f"{rfis_url(MEDICAL)}/281007").mock(
         return_value=procore({"errors": "404 Not Found"}, 404)
     )
     run = run_sync(sync_engine, conn_id)
@@ -221,36 +226,23 @@ def test_first_sync_then_updates_deletions_and_additions(
     assert plain(run.results) == {
         "companies": result(unchanged=2),
         "projects": result(unchanged=2, tombstoned=1),
-        "rfis": result(upserted=2, unchanged=1),
+        "rfis": result(upserted=2, unchanged=1, tombstoned=1),
     }
-    assert parking.call_count == 1
-    assert tombstoned_ids(sync_engine, conn_id, "projects") == {str(PARKING)}
-    window = routes[f"rfis_{HARBOR}"].calls.last.request.url.params["filters[updated_at]"]
-    since, until = window.split("...")
-    assert since <= until  # from when the first sync began to read the project, to now
-    assert set(run.results["rfis"]["partitions"]) == {str(HARBOR), str(MEDICAL)}
-
-    # The daily complete pass lists every RFI: the recycled one is missing, and Procore confirms
-    # it is gone (404).
-    with sync_engine.pool.connection() as db:
-        db.execute(
-            "UPDATE table_state SET last_full_sync_at = now() - interval '2 days', "
-            "complete_passes = NULL"
-        )
-    recycled = respx_mock.get(f"{rfis_url(MEDICAL)}/281007").mock(
-        return_value=procore({"errors": "404 Not Found"}, 404)
-    )
-    run = run_sync(sync_engine, conn_id)
-    assert run.status == "succeeded", run.error
-    assert plain(run.results)["rfis"] == result(unchanged=3, tombstoned=1)
+    assert (parking.call_count, recycled.call_count) == (1, 1)
     assert "filters[updated_at]" not in routes[f"rfis_{HARBOR}"].calls.last.request.url.params
-    assert recycled.call_count == 1
+    assert tombstoned_ids(sync_engine, conn_id, "projects") == {str(PARKING)}
     assert tombstoned_ids(sync_engine, conn_id, "rfis") == {"281007"}
     assert live_ids(sync_engine, conn_id, "rfis") == {"274801", "274833", "281090"}
+    assert set(run.results["rfis"]["partitions"]) == {str(HARBOR), str(MEDICAL), str(PARKING)}
 
 
-def test_a_resync_with_nothing_changed_asks_once_per_project_for_its_rfis(
-    sync_engine: Engine, respx_mock: respx.MockRouter
+@pytest.mark.parametrize(
+    ("complete_every", "rfi_pages"),
+    [(None, 3), ("procore.rfis=1d", 1)],
+    ids=["listed-whole", "operator-opt-in"],
+)
+def test_a_resync_with_nothing_changed_lists_every_rfi_unless_an_operator_opts_out(
+    sync_engine: Engine, respx_mock: respx.MockRouter, complete_every: str | None, rfi_pages: int
 ) -> None:
     routes = mock_company(respx_mock)
     # The harbor project has five RFIs (three pages of two), listed as Procore lists them: by
@@ -274,6 +266,8 @@ def test_a_resync_with_nothing_changed_asks_once_per_project_for_its_rfis(
         )
 
     routes[f"rfis_{HARBOR}"].mock(side_effect=harbor_rfis)
+    if complete_every is not None:
+        sync_engine.settings.complete_every = Settings(complete_every=complete_every).complete_every
     conn_id = connect(sync_engine)
     assert run_sync(sync_engine, conn_id).status == "succeeded"
     assert routes[f"rfis_{HARBOR}"].call_count == 3
@@ -282,15 +276,18 @@ def test_a_resync_with_nothing_changed_asks_once_per_project_for_its_rfis(
     run = run_sync(sync_engine, conn_id)
     assert run.status == "succeeded", run.error
     asked = {name: route.call_count - before[name] for name, route in routes.items()}
-    # Companies and projects are listed whole (one page of companies, two of projects); each
-    # project's RFIs once, by update time, whatever their number.
+    # Companies and projects are listed whole (one page of companies, two of projects). Each
+    # project's RFIs are listed whole too, a request per page, so a deletion is found now;
+    # with the operator's opt-in, once per project by update time, whatever their number.
     assert asked == {
         "companies": 1,
         "projects_1": 1,
         "projects_2": 1,
-        **{f"rfis_{p}": 1 for p in (HARBOR, MEDICAL, PARKING)},
+        f"rfis_{HARBOR}": rfi_pages,
+        **{f"rfis_{p}": 1 for p in (MEDICAL, PARKING)},
     }
     assert run.results["rfis"]["upserted"] == 0
+    assert run.results["rfis"]["tombstoned"] == 0
 
 
 def test_a_company_is_tombstoned_only_once_two_complete_listings_missed_it(
@@ -539,3 +536,55 @@ def test_the_budget_key_is_the_oauth_app_never_a_secret() -> None:
     assert CLIENT["client_secret"] not in key and "at-0" not in key
     other_company = ProcoreConfig(company_id=31252)
     assert ProcoreConnector.budget_key(other_company, CLIENT) == key
+
+
+def test_a_project_made_inactive_takes_its_rfis_out_at_the_next_sync(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    routes = mock_company(respx_mock)
+    conn_id = connect(sync_engine)
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+    harbor_rfis = {"274801", "274833"}
+    assert harbor_rfis <= live_ids(sync_engine, conn_id, "rfis")
+
+    # The harbor project is made inactive: Procore's listing of projects holds active ones
+    # only, and its show endpoint says `active: false`.
+    page_1 = fixture("procore", "projects_page1.json")
+    shown = {**page_1[0], "active": False}
+    assert shown["id"] == HARBOR
+    routes["projects_1"].mock(
+        return_value=procore(page_1[1:] + fixture("procore", "projects_page2.json"), total=2)
+    )
+    routes["projects_2"].mock(return_value=procore([], page=2, total=2))
+    show = respx_mock.get(f"{PROJECTS}/{HARBOR}").mock(return_value=procore(shown))
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    assert show.call_count == 1
+    assert tombstoned_ids(sync_engine, conn_id, "projects") == {str(HARBOR)}
+    # Its RFIs are out of the connection's scope: tombstoned without a request about each.
+    assert tombstoned_ids(sync_engine, conn_id, "rfis") == harbor_rfis
+    assert run.results["rfis"]["partitions"][str(HARBOR)]["tombstoned"] == 2
+    assert routes[f"rfis_{HARBOR}"].call_count == 1  # the first sync's, no other
+
+
+def test_an_rfi_moved_to_the_recycle_bin_is_tombstoned_at_the_next_sync(
+    sync_engine: Engine, respx_mock: respx.MockRouter
+) -> None:
+    routes = mock_company(respx_mock)
+    conn_id = connect(sync_engine)
+    assert run_sync(sync_engine, conn_id).status == "succeeded"
+
+    # One RFI is recycled, the other purged: both leave the listing. The show endpoint still
+    # shows the recycled one, marked deleted; the purged one is a 404.
+    recycled, purged = fixture("procore", "rfis_1100417.json")
+    routes[f"rfis_{HARBOR}"].mock(return_value=procore([], total=0))
+    shown = respx_mock.get(f"{rfis_url(HARBOR)}/{recycled['id']}").mock(
+        return_value=procore({**recycled, "deleted_at": "2024-05-07T09:00:00Z"})
+    )
+    missing = respx_mock.get(f"{rfis_url(HARBOR)}/{purged['id']}").mock(
+        return_value=procore({"errors": "404 Not Found"}, 404)
+    )
+    run = run_sync(sync_engine, conn_id)
+    assert run.status == "succeeded", run.error
+    assert (shown.call_count, missing.call_count) == (1, 1)
+    assert tombstoned_ids(sync_engine, conn_id, "rfis") == {str(recycled["id"]), str(purged["id"])}
