@@ -1,12 +1,14 @@
-"""What each installed provider needs and syncs, read from its connector class: its tables, and
-the fields of its config and credentials models (name, type, required or optional, default).
-``connector-sync providers`` prints it; it is also what to write in ``--config`` and
-``--credentials``."""
+"""What each installed provider needs and syncs, read from its connector class: its tables (with
+how their deletions are found, and how late), and the fields of its config and credentials
+models (name, type, required or optional, default). ``connector-sync providers`` prints it; it
+is also what to write in ``--config`` and ``--credentials``."""
 
 from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
@@ -14,20 +16,34 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 import connectors
-from connectors.base import Connector
+from connectors.base import Connector, Deletions, Table
+from sync.durations import format_duration
 
 
-def describe_providers() -> list[dict[str, Any]]:
-    """Every installed provider, by name."""
-    return [describe_provider(name, cls) for name, cls in connectors.providers().items()]
+def describe_providers(
+    complete_every: Mapping[str, timedelta] | None = None,
+) -> list[dict[str, Any]]:
+    """Every installed provider, by name. ``complete_every``: the operator's setting of that
+    name (``provider.table`` to its interval), which delays some tables' deletions."""
+    return [
+        describe_provider(name, cls, complete_every) for name, cls in connectors.providers().items()
+    ]
 
 
-def describe_provider(name: str, cls: type[Connector]) -> dict[str, Any]:
+def describe_provider(
+    name: str, cls: type[Connector], complete_every: Mapping[str, timedelta] | None = None
+) -> dict[str, Any]:
     return {
         "provider": name,
         "class": f"{cls.__module__}.{cls.__qualname__}",
         "tables": [
-            {"name": t.name, "mode": t.mode.value, "primary_key": t.primary_key} for t in cls.tables
+            {
+                "name": t.name,
+                "mode": t.mode.value,
+                "primary_key": t.primary_key,
+                "deletions": deletions_found(t, (complete_every or {}).get(f"{name}.{t.name}")),
+            }
+            for t in cls.tables
         ],
         "config": describe_fields(cls.config_model),
         # None: the connector declares no credentials model, so any are accepted.
@@ -35,6 +51,17 @@ def describe_provider(name: str, cls: type[Connector]) -> dict[str, Any]:
             describe_fields(cls.credentials_model) if cls.credentials_model is not None else None
         ),
     }
+
+
+def deletions_found(table: Table, complete_every: timedelta | None) -> str:
+    """How late a deletion upstream can be found in ``table`` (pure): "next sync" (a complete
+    listing at every sync), "delta feed" (the provider reports deletions), or "within 12h"
+    when an operator spaced out the complete listings with ``complete_every``."""
+    if table.deletions is Deletions.FEED:
+        return "delta feed"
+    if table.listed_whole_for_deletions and complete_every is not None:
+        return f"within {format_duration(complete_every)}"
+    return "next sync"
 
 
 def describe_fields(model: type[BaseModel]) -> list[dict[str, Any]]:

@@ -291,8 +291,10 @@ def _fields_text(fields: list[dict[str, Any]] | None) -> str:
 def providers(as_json: bool = JsonOption) -> None:
     """The installed connectors: each provider's tables, config and credential fields.
 
+    Each table says how a deletion upstream is found: at the next sync, from the provider's
+    delta feed, or within the interval an operator set with CONNECTOR_SYNC_COMPLETE_EVERY.
     Fields are required unless marked optional; --json adds types, defaults and descriptions."""
-    described = describe_providers()
+    described = describe_providers(load_settings().complete_every)
     if as_json:
         emit_json(described)
         return
@@ -306,7 +308,9 @@ def providers(as_json: bool = JsonOption) -> None:
     rows: list[list[Cell]] = [
         [
             d["provider"],
-            ", ".join(f"{t['name']} ({t['mode']})" for t in d["tables"]),
+            ", ".join(
+                f"{t['name']} ({t['mode']}; deletions: {t['deletions']})" for t in d["tables"]
+            ),
             _fields_text(d["config"]),
             _fields_text(d["credentials"]),
         ]

@@ -23,3 +23,16 @@ def parse_duration(text: str) -> timedelta:
     if seconds <= 0:
         raise ValueError(f"{text!r} is not a positive duration")
     return timedelta(seconds=seconds)
+
+
+def format_duration(every: timedelta) -> str:
+    """A duration as :func:`parse_duration` reads it, largest units first: ``1d12h``, ``15m``."""
+    seconds = every.total_seconds()
+    parts = []
+    for unit in ("d", "h", "m", "s"):
+        size = _UNITS[unit]
+        whole = int(seconds // size)
+        if whole:
+            parts.append(f"{whole}{unit}")
+            seconds -= whole * size
+    return "".join(parts) or f"{every.total_seconds():g}s"

@@ -287,12 +287,15 @@ def test_sync_wait_exits_nonzero_when_the_run_fails_and_retry_requeues_it(
 def test_providers_lists_tables_and_config_and_credential_fields(schema: str) -> None:
     found = {p["provider"]: p for p in as_json(cli(schema, "providers", "--json"))}
     assert found["simulated"]["tables"] == [
-        {"name": "projects", "mode": "full", "primary_key": "id"},
-        {"name": "issues", "mode": "full", "primary_key": "id"},
+        {"name": "projects", "mode": "full", "primary_key": "id", "deletions": "next sync"},
+        {"name": "issues", "mode": "full", "primary_key": "id", "deletions": "next sync"},
     ]
-    assert {"name": "deals", "mode": "incremental", "primary_key": "id"} in (
-        found["simulated_crm"]["tables"]
-    )
+    assert {
+        "name": "deals",
+        "mode": "incremental",
+        "primary_key": "id",
+        "deletions": "delta feed",
+    } in found["simulated_crm"]["tables"]
     config = {f["name"]: f for f in found["simulated"]["config"]}
     assert config["base_url"]["required"] is True and config["base_url"]["type"] == "str"
     assert config["page_size"] == {
@@ -309,6 +312,34 @@ def test_providers_lists_tables_and_config_and_credential_fields(schema: str) ->
     human = ok(cli(schema, "providers")).stdout
     assert "simulated_crm" in human
     assert "page_size (optional)" in human and "client_secret" in human
+    assert "deals (incremental; deletions: delta feed)" in human
+
+
+@pytest.mark.slow
+def test_providers_say_how_late_each_reference_tables_deletions_are_found(schema: str) -> None:
+    def latencies(env: dict[str, str] | None = None) -> dict[str, str]:
+        found = as_json(cli(schema, "providers", "--json", env=env))
+        return {
+            f"{p['provider']}.{t['name']}": t["deletions"]
+            for p in found
+            if p["provider"] in ("github", "procore", "msgraph_drive")
+            for t in p["tables"]
+        }
+
+    # By default every deletion is found by the next sync, or reported by a delta feed.
+    assert latencies() == {
+        "github.issues": "next sync",
+        "github.pull_requests": "next sync",
+        "procore.companies": "next sync",
+        "procore.projects": "next sync",
+        "procore.rfis": "next sync",
+        "msgraph_drive.drive_items": "delta feed",
+    }
+    # An operator's opt-in that trades deletion latency for requests says what it costs.
+    spaced = latencies({"CONNECTOR_SYNC_COMPLETE_EVERY": "github.issues=12h,procore.rfis=1d12h"})
+    assert spaced["github.issues"] == "within 12h"
+    assert spaced["procore.rfis"] == "within 1d12h"
+    assert spaced["github.pull_requests"] == "next sync"  # always listed whole
 
 
 @pytest.mark.slow

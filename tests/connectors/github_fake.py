@@ -4,7 +4,8 @@ endpoints paged by page number with a ``Link`` header whose URLs name the reposi
 ``ETag`` on every list page and 304 for a matching ``If-None-Match`` (which does not spend the
 rate limit), ``x-ratelimit-*`` headers on every answer, one issue or pull request by number
 (404 once deleted, 301 to its new home once transferred), 404 for a repository the token
-cannot see and 403 for one it may no longer read. Tests change its data between requests, or while a page is served (``on_page``)."""
+cannot see and 403 for one it may no longer read. Tests change its data between requests, or
+while a page is served (``on_page``)."""
 
 from __future__ import annotations
 
@@ -90,12 +91,18 @@ class Repo:
 class GitHub:
     """The fake. ``requests`` counts what it answered, by kind."""
 
-    def __init__(self, respx_mock: respx.MockRouter) -> None:
+    def __init__(self, respx_mock: respx.MockRouter | None = None, base: str = BASE) -> None:
+        """Behind ``respx_mock``, at GitHub's address; else served by the caller (a
+        ``ProviderServer``) at ``base``."""
+        self.base = base
         self.repos: dict[str, Repo] = {}
         self.requests: list[tuple[str, int]] = []  # (path and query, status)
         self.remaining = 5000
         self.on_page: Callable[[str, str, int], None] | None = None  # (repo, kind, page)
-        respx_mock.get(url__regex=rf"^{BASE}/(repos|repositories)/.*").mock(side_effect=self.answer)
+        if respx_mock is not None:
+            respx_mock.get(url__regex=rf"^{BASE}/(repos|repositories)/.*").mock(
+                side_effect=self.answer
+            )
 
     def repo(self, name: str) -> Repo:
         if name not in self.repos:
@@ -172,7 +179,9 @@ class GitHub:
         query = {k: v for k, v in params.items() if k != "page"}
 
         def link(n: int, rel: str) -> str:
-            url = httpx.URL(f"{BASE}/repositories/{repo.id}/{kind}", params={**query, "page": n})
+            url = httpx.URL(
+                f"{self.base}/repositories/{repo.id}/{kind}", params={**query, "page": n}
+            )
             return f'<{url}>; rel="{rel}"'
 
         if page < last:
