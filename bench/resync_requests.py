@@ -1,16 +1,21 @@
-"""Requests a resync costs when nothing changed upstream, per reference connector and table.
+"""Requests a resync costs, per reference connector and table: when nothing changed upstream,
+and when 1 % of the rows were deleted (and how many of those the resync tombstoned).
 
-    python -m bench.resync_requests           # prints a table
+    python -m bench.resync_requests                 # prints a table
+    python -m bench.resync_requests --pages 10,100  # GitHub listings of that many pages
     python -m bench.resync_requests [--json]
 
 Each reference connector syncs a provider answering as its docs say (mocked with respx, so the
-numbers are exact and the same on every machine): GitHub (two repositories of 250 issues and
-120 pull requests each; ``since``, ``ETag``/``If-None-Match`` and 304 honoured, as GitHub does),
-Procore (three projects of 150 RFIs, ``Total`` headers, ``filters[updated_at]`` honoured) and
-Microsoft Graph (one drive of 250 text files, a delta link that answers "no changes", and each
-file's ``/content`` a 302 to a download URL, fetched by the ingestions the sync queues but not
-counted). The first sync reads everything; the second, with nothing changed, is what every
-scheduled sync costs. Requests are counted per table, with 304s apart. The script uses only the
+numbers are exact and the same on every machine): GitHub (two repositories of ``pages`` pages of
+100 issues and 120 pull requests each; ``since``, ``ETag``/``If-None-Match`` and 304 honoured,
+and an issue asked for by number answering 404 once deleted, as GitHub does), Procore (three
+projects of 150 RFIs, ``Total`` headers, ``filters[updated_at]`` honoured, a deleted RFI a 404)
+and Microsoft Graph (one drive of 250 text files, a delta link that answers the changes since,
+deleted items with the ``deleted`` facet, and each file's ``/content`` a 302 to a download URL,
+fetched by the ingestions the sync queues but not counted). The first sync reads everything; the
+second, with nothing changed, is what every scheduled sync costs; the third follows the deletion
+of 1 % of the issues, RFIs or files. Requests are counted per table, with 304s apart; a request
+about one item (a deletion confirmed) counts under "TABLE (item)". The script uses only the
 public API, so the same command measures any version of the engine.
 """
 
@@ -61,11 +66,13 @@ def respond(body: Any, status: int = 200, headers: dict[str, str] | None = None)
 
 
 class Counted:
-    """Requests by table (a function of the request) and status."""
+    """Requests by table (a function of the request) and status; ``delete(share)`` deletes that
+    share of the provider's main table and says how many rows."""
 
     def __init__(self, table_of: Callable[[httpx.Request], str]) -> None:
         self.table_of = table_of
         self.counts: Counter[tuple[str, int]] = Counter()
+        self.delete: Callable[[float], int] = lambda share: 0
 
     def record(self, request: httpx.Request, response: httpx.Response) -> httpx.Response:
         self.counts[(self.table_of(request), response.status_code)] += 1
@@ -75,26 +82,37 @@ class Counted:
 # -- GitHub ---------------------------------------------------------------------------------
 
 
-def github(router: respx.Router) -> Counted:
+def github(router: respx.Router, pages: int) -> Counted:
     issue, pull = fixture("github", "issues_page2.json")[0], fixture("github", "pulls.json")[0]
     repos = {}
     for r, name in enumerate(("Hello-World", "Spoon-Knife")):
         issues = []
-        for n in range(1, 251):
+        for n in range(1, pages * 100 + 1):
             item = copy.deepcopy(issue)
             item.update(id=10_000_000 * (r + 1) + n, number=n)
             issues.append(item)
         pulls = []
-        for n in range(300, 420):
+        for n in range(pages * 100 + 1, pages * 100 + 121):  # numbers follow the issues
             item = copy.deepcopy(pull)
             item.update(id=20_000_000 * (r + 1) + n, number=n)
             pulls.append(item)
         repos[name] = (r, issues, pulls)
 
     def table_of(request: httpx.Request) -> str:
-        return "pull_requests" if "/pulls" in request.url.path else "issues"
+        table = "pull_requests" if "/pulls" in request.url.path else "issues"
+        return f"{table} (item)" if request.url.path.rsplit("/", 1)[-1].isdigit() else table
 
     counted = Counted(table_of)
+
+    def delete(share: float) -> int:
+        gone = 0
+        for _, issues, _ in repos.values():
+            step = round(1 / share)
+            gone += len(issues[::step])
+            del issues[::step]
+        return gone
+
+    counted.delete = delete
 
     def answer(request: httpx.Request) -> httpx.Response:
         parts = request.url.path.strip("/").split("/")
@@ -104,6 +122,12 @@ def github(router: respx.Router) -> Counted:
             else next(n for n, (r, _, _) in repos.items() if str(1000 + r) == parts[1])
         )
         r, issues, pulls = repos[name]
+        if parts[-1].isdigit():  # one issue or pull request, by number
+            number = int(parts[-1])
+            listed = issues + pulls if parts[-2] == "issues" else pulls
+            found = next((i for i in listed if i["number"] == number), None)
+            status = 200 if found else 404
+            return counted.record(request, respond(found or {"message": "Not Found"}, status))
         kind = parts[-1]
         params = request.url.params
         page, per_page = int(params.get("page", "1")), int(params.get("per_page", "30"))
@@ -143,9 +167,20 @@ def procore(router: respx.Router) -> Counted:
 
     def table_of(request: httpx.Request) -> str:
         path = request.url.path
-        return "rfis" if "/rfis" in path else "projects" if "/projects" in path else "companies"
+        table = "rfis" if "/rfis" in path else "projects" if "/projects" in path else "companies"
+        return f"{table} (item)" if path.rsplit("/", 1)[-1].isdigit() else table
 
     counted = Counted(table_of)
+
+    def delete(share: float) -> int:
+        gone = 0
+        for listed in rfis.values():
+            step = round(1 / share)
+            gone += len(listed[::step])
+            del listed[::step]
+        return gone
+
+    counted.delete = delete
 
     def listing(items: list[dict[str, Any]], request: httpx.Request) -> httpx.Response:
         params = request.url.params
@@ -160,7 +195,17 @@ def procore(router: respx.Router) -> Counted:
     router.get(f"{PROCORE}/rest/v1.0/companies").mock(
         side_effect=lambda r: listing(fixture("procore", "companies.json"), r)
     )
-    router.get(url__regex=rf"^{PROCORE}/rest/v1.0/projects/\d+/rfis").mock(
+
+    def shown(request: httpx.Request) -> httpx.Response:
+        project, rfi = (int(p) for p in request.url.path.split("/")[4::2])
+        found = next((i for i in rfis[project] if i["id"] == rfi), None)
+        status = 200 if found else 404
+        return counted.record(request, respond(found or {"errors": "404 Not Found"}, status))
+
+    router.get(url__regex=rf"^{PROCORE}/rest/v1.0/projects/\d+/rfis/\d+(\?|$)").mock(
+        side_effect=shown
+    )
+    router.get(url__regex=rf"^{PROCORE}/rest/v1.0/projects/\d+/rfis(\?|$)").mock(
         side_effect=lambda r: listing(rfis[int(r.url.path.split("/")[4])], r)
     )
     router.get(f"{PROCORE}/rest/v1.0/projects").mock(side_effect=lambda r: listing(projects, r))
@@ -170,7 +215,7 @@ def procore(router: respx.Router) -> Counted:
 # -- Microsoft Graph ------------------------------------------------------------------------
 
 
-def graph(router: respx.Router) -> Counted:
+def graph(router: respx.Router, pages: int) -> Counted:
     item = fixture("msgraph", "delta_page2.json")["value"][0]
     # Plain-text files, which the ingestions the sync queues index without a complaint.
     text = {**item["file"], "mimeType": "text/plain"}
@@ -180,11 +225,20 @@ def graph(router: respx.Router) -> Counted:
     ]
     start = f"{GRAPH}/drives/{DRIVE}/root/delta"
     counted = Counted(lambda _: "drive_items")
+    deleted: list[dict[str, Any]] = []  # what the delta link has to say
+
+    def delete(share: float) -> int:
+        gone = items[:: round(1 / share)]
+        deleted.extend({"id": i["id"], "deleted": {"state": "deleted"}} for i in gone)
+        return len(gone)
+
+    counted.delete = delete
 
     def answer(request: httpx.Request) -> httpx.Response:
         token = request.url.params.get("token")
-        if token == "latest":  # the delta link: nothing changed since
-            body = {"value": [], "@odata.deltaLink": f"{start}?token=latest"}
+        if token == "latest":  # the delta link: what changed since
+            body = {"value": list(deleted), "@odata.deltaLink": f"{start}?token=latest"}
+            deleted.clear()
             return counted.record(request, respond(body))
         page = int(request.url.params.get("page", "0"))
         body: dict[str, Any] = {"value": items[page * 100 : (page + 1) * 100]}
@@ -217,14 +271,15 @@ def graph(router: respx.Router) -> Counted:
     return counted
 
 
-CONNECTORS: dict[str, tuple[Callable[[respx.Router], Counted], dict[str, Any], dict[str, Any]]] = {
+Mock = Callable[[respx.Router, int], Counted]
+CONNECTORS: dict[str, tuple[Mock, dict[str, Any], dict[str, Any]]] = {
     "github": (
         github,
         {"owner": "octocat", "repos": ["Hello-World", "Spoon-Knife"]},
         {"token": "ghp_bench"},
     ),
     "procore": (
-        procore,
+        lambda router, _: procore(router),
         {"company_id": 8089},
         {
             "client_id": "bench-client",
@@ -242,52 +297,69 @@ CONNECTORS: dict[str, tuple[Callable[[respx.Router], Counted], dict[str, Any], d
 }
 
 
-def measure() -> dict[str, dict[str, dict[str, int]]]:
+SYNCS = ("first sync", "resync, nothing changed", "resync after 1 % deleted")
+
+
+def measure(github_pages: list[int]) -> dict[str, dict[str, dict[str, int]]]:
     from sync import Engine
 
     found: dict[str, dict[str, dict[str, int]]] = {}
+    cases = [(f"github, {p} pages", "github", p) for p in github_pages] + [
+        (provider, provider, 0) for provider in CONNECTORS if provider != "github"
+    ]
     with scratch_database("resync") as url, Engine(settings_for(url)) as engine:
         engine.migrate()
         ws = engine.create_workspace("bench")
-        for provider, (mock, config, credentials) in CONNECTORS.items():
+        for case, provider, pages in cases:
+            mock, config, credentials = CONNECTORS[provider]
             with respx.mock(assert_all_called=False) as router:
-                counted = mock(router)
+                counted = mock(router, pages)
                 conn = engine.create_connection(
-                    ws.id, provider, provider, config=config, credentials=credentials
-                )
+                    ws.id, case.replace(", ", "-").replace(" ", ""), provider, config=config,
+                    credentials=credentials,
+                )  # fmt: skip
                 worker = engine.worker(listen=False)
-                for sync in ("first sync", "resync, nothing changed"):
+                for sync in SYNCS:
+                    deleted = counted.delete(0.01) if "deleted" in sync else 0
                     counted.counts.clear()
                     run = engine.sync(conn.id)
                     while not engine.run(run.id).is_terminal:
                         worker.poll()
-                    status = engine.run(run.id).status
-                    if status != "succeeded":
-                        sys.exit(
-                            f"{provider}: the {sync} ended {status}: {engine.run(run.id).error}"
-                        )
+                    ended = engine.run(run.id)
+                    if ended.status != "succeeded":
+                        sys.exit(f"{case}: the {sync} ended {ended.status}: {ended.error}")
                     tables: dict[str, int] = {}
                     for (table, code), n in sorted(counted.counts.items()):
                         key = table if code != 304 else f"{table} (304)"
                         tables[key] = tables.get(key, 0) + n
-                    found.setdefault(provider, {})[sync] = tables
+                    if deleted:
+                        tables["rows deleted upstream"] = deleted
+                        tables["rows tombstoned"] = sum(
+                            int(r.get("tombstoned", 0)) for r in (ended.results or {}).values()
+                        )
+                    found.setdefault(case, {})[sync] = tables
                 worker.close()
     return found
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--pages",
+        default="10,100",
+        help="GitHub listings of this many pages of 100 issues per repository (default 10,100)",
+    )
     add_json_option(parser)
     args = parser.parse_args()
     json_mode(args)
-    found = measure()
+    found = measure([int(p) for p in args.pages.split(",") if p.strip()])
     table = Table(title="requests per sync, by table (304s apart)")
-    for column in ("connector", "table", "first sync", "resync, nothing changed"):
+    for column in ("connector", "table", *SYNCS):
         table.add_column(column, justify="left" if column in ("connector", "table") else "right")
-    for provider, syncs in found.items():
+    for case, syncs in found.items():
         names = sorted({t for counts in syncs.values() for t in counts})
         for name in names:
-            table.add_row(provider, name, *(str(syncs[s].get(name, 0)) for s in syncs))
+            table.add_row(case, name, *(str(syncs[s].get(name, 0)) for s in SYNCS))
     console.print(table)
     print_json("resync_requests", args, found, machine=machine_info(None))
 
