@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-INTERRUPTED = 130  # as sync.cli_base says
+INTERRUPTED = 130  # as sync.cli.common says
 
 
 def main() -> None:

@@ -304,7 +304,7 @@ def _normal(text: str) -> str:
 
 
 def _query_names() -> dict[str, str]:
-    from sync.queries import QUERIES
+    from sync.store.queries import QUERIES
 
     return {_normal(QUERIES._by_name[name].text): name for name in QUERIES.names()}
 

@@ -392,7 +392,7 @@ def drain(url: str, ids: list[int], phase: Phase, cpu: Cpu) -> None:
 
 def load(url: str, ids: list[int], rate: float, phase: Phase, cpu: Cpu) -> None:
     """Enqueue one run per id at ``rate`` runs/s in all, from PRODUCERS threads."""
-    from sync.queries import QUERIES
+    from sync.store.queries import QUERIES
 
     todo: queue.Queue[int] = queue.Queue()
     for connection_id in ids:

@@ -242,7 +242,7 @@ def child(what: str, url: str, n: int, phase_name: str, workdir: str) -> None:
     phase = dataset.phase_named(phase_name)
     started = time.perf_counter()
     if what == "generate":
-        from sync.records import encode
+        from sync.runs.records import encode
 
         for rec in dataset.records(n, phase):
             encode(rec, "items", str(rec["id"]))
@@ -258,7 +258,7 @@ def child(what: str, url: str, n: int, phase_name: str, workdir: str) -> None:
 
 
 COPY_TABLE = """
-CREATE TABLE IF NOT EXISTS public.copy_records (LIKE sync.records INCLUDING ALL);
+CREATE TABLE IF NOT EXISTS public.copy_records (LIKE sync.runs.records INCLUDING ALL);
 CREATE UNLOGGED TABLE IF NOT EXISTS public.copy_staging (
     external_id text NOT NULL, data jsonb NOT NULL, content_hash bytea NOT NULL
 );
@@ -267,7 +267,7 @@ TRUNCATE public.copy_records, public.copy_staging;
 
 
 def copy_into(url: str, n: int, phase: dataset.Phase, *, staging: bool) -> None:
-    from sync.records import encode
+    from sync.runs.records import encode
 
     owner = uuid.uuid4()
     with psycopg.connect(url) as conn:

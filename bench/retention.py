@@ -111,7 +111,7 @@ SELECT (SELECT count(*) FROM connection_runs) AS runs,
 def claimer(url: str, worker_id: str, start: float, ready: Any, stop: EventType, out: Any) -> None:
     """Claims and finishes runs until ``stop``, queueing each finished run's connection again;
     sends back (seconds since ``start``, claim ms) for every claim that took a run."""
-    from sync.queries import QUERIES
+    from sync.store.queries import QUERIES
 
     claim = {
         "worker_id": worker_id,
@@ -193,7 +193,7 @@ def main() -> None:
     phase = args.phase_seconds or (5.0 if args.quick else 20.0)
 
     from sync import Engine
-    from sync.services import Kind, RetentionRules, prune
+    from sync.worker.services import Kind, RetentionRules, prune
 
     with scratch_database("retention") as url:
         machine = machine_info(url)

@@ -142,7 +142,7 @@ def claim_query(version: str) -> Any:
     claim of the previous release, which walks every due run."""
     from psycopg import sql
 
-    from sync.queries import QUERIES
+    from sync.store.queries import QUERIES
 
     if version == "v3":
         return QUERIES.claim_run

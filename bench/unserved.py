@@ -63,7 +63,7 @@ UNSERVED = [
 def claims(url: str, count: int) -> tuple[list[float], list[float]]:
     """``count`` claims by a worker lacking the unserved provider and as many by one that has
     every provider, interleaved so that both meet the same load on a shared machine."""
-    from sync.queries import QUERIES
+    from sync.store.queries import QUERIES
 
     timings: dict[bool, list[float]] = {True: [], False: []}
     with connect(url) as conn:

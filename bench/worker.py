@@ -33,7 +33,7 @@ def _install_tracing(directory: Path) -> None:
     import psycopg
     from psycopg import pq
 
-    import sync.db
+    import sync.store.db
 
     directory.mkdir(parents=True, exist_ok=True)
     files: list[Any] = []
@@ -50,7 +50,7 @@ def _install_tracing(directory: Path) -> None:
             )
             return conn
 
-    sync.db.Connection = TracedConnection  # type: ignore[misc]
+    sync.store.db.Connection = TracedConnection  # type: ignore[misc]
 
 
 def _drain_with_run(worker: Any) -> float:

@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from connectors.simulated.server import Simulation, start_server  # noqa: E402
 from sync import Engine, Settings  # noqa: E402
-from sync.db import describe  # noqa: E402
 from sync.queues import Abort, Job, JobStatus, queue_spec  # noqa: E402
+from sync.store.db import describe  # noqa: E402
 from sync.ui.app import UiOptions  # noqa: E402
 from tests.ui_support import GATES, chromium, new_gate, serving, worker_loop  # noqa: E402
 

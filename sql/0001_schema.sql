@@ -15,7 +15,7 @@ CREATE TABLE connections (
     name            text NOT NULL CHECK (name <> ''),
     provider        text NOT NULL,
     config          jsonb NOT NULL DEFAULT '{}',
-    -- A Fernet token (see sync/secrets.py); plaintext credentials never reach the database.
+    -- A Fernet token (see sync/base/secrets.py); plaintext credentials never reach the database.
     credentials     bytea,
     status          text NOT NULL DEFAULT 'active'
                     CHECK (status IN ('active', 'paused', 'disconnected', 'deleting')),

@@ -1,6 +1,6 @@
 -- Named statements of the workers' maintenance: the durable marker that lets one worker of the
--- fleet run a periodic task per interval, and the retention pass (sync/services/cleaner.py),
--- called through sync/maintenance_store.py. Same form as queries.sql: `-- name:`, the
+-- fleet run a periodic task per interval, and the retention pass (sync/worker/services/cleaner.py),
+-- called through sync/store/maintenance.py. Same form as queries.sql: `-- name:`, the
 -- invariant it protects, one statement.
 --
 -- Every retention statement deletes one bounded batch and commits (the pool's connections are

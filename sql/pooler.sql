@@ -1,5 +1,5 @@
 -- Named statements for connections that reach Postgres through a transaction pooler
--- (PgBouncer in `pool_mode = transaction`), called from sync/transaction_pooler.py. Behind
+-- (PgBouncer in `pool_mode = transaction`), called from sync/store/transaction_pooler.py. Behind
 -- such a pooler each transaction may run on another server connection, so nothing set for a
 -- session survives: the engine's settings are sent again at the start of every transaction.
 -- Same form as queries.sql: `-- name:`, the invariant it protects, one statement.

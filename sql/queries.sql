@@ -1,6 +1,6 @@
 -- Named queries. Each block starts with `-- name: <name>`, then comment lines stating what it
 -- does and the invariant it protects, then one statement. Python calls them by name
--- (sync/queries.py); none is assembled from input. Names resolve through the connection's
+-- (sync/store/queries.py); none is assembled from input. Names resolve through the connection's
 -- search_path, which is the configured schema.
 --
 -- "Fenced" means the statement writes only while the run row still names this claim's lease

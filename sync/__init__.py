@@ -3,6 +3,7 @@ the queue. The public face is small: open an :class:`Engine`, create workspaces 
 connections, queue syncs, and run :class:`Worker` processes."""
 
 from sync.api import Engine
+from sync.base.settings import Settings
 from sync.errors import (
     Conflict,
     DatabaseUnavailable,
@@ -13,7 +14,6 @@ from sync.errors import (
     SyncError,
 )
 from sync.models import Attempt, Connection, Record, Run, WorkerInfo, Workspace
-from sync.settings import Settings
 from sync.worker import Worker
 
 __all__ = [

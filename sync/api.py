@@ -21,16 +21,15 @@ from pydantic import ValidationError
 
 import connectors
 from connectors.base import Connector
-from sync import redact
-from sync.budgets import budget_key_of
-from sync.db import Pool, describe, open_pool
-from sync.embedded import data_dir, embedded_url
+from sync.base import redact
+from sync.base.embedded import data_dir, embedded_url
+from sync.base.names import check_name, check_workspace_name, workspace_ref
+from sync.base.secrets import SecretBox
+from sync.base.settings import Settings
 from sync.errors import Conflict, InvalidInput, NotFound, describe_validation_error
 from sync.ingestions.api import IngestionsApi
-from sync.job_lanes import install_handlers
-from sync.migrations import Migration, check_schema, grant, migrate
+from sync.jobs.budgets import budget_key_of
 from sync.models import Attempt, Connection, Record, Run, WorkerInfo, Workspace
-from sync.names import check_name, check_workspace_name, workspace_ref
 from sync.overview import (
     ConnectionOverview,
     MetricsSnapshot,
@@ -39,9 +38,6 @@ from sync.overview import (
 )
 from sync.queues.lanes import parse_lanes
 from sync.queues.postgres import PostgresQueues
-from sync.secrets import SecretBox
-from sync.services.cleaner import PruneReport, RetentionRules, prune
-from sync.settings import Settings
 from sync.store import (
     ConnectionRepair,
     LockedConnection,
@@ -49,8 +45,12 @@ from sync.store import (
     RunStore,
     TenantStore,
 )
+from sync.store.db import Pool, describe, open_pool
+from sync.store.migrations import Migration, check_schema, grant, migrate
 from sync.vocabulary import ConnectionStatus, RunKind, RunStatus
 from sync.worker import Worker
+from sync.worker.services.cleaner import PruneReport, RetentionRules, prune
+from sync.worker.slots import install_handlers
 
 log = logging.getLogger("sync")
 

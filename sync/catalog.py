@@ -17,7 +17,7 @@ from pydantic_core import PydanticUndefined
 
 import connectors
 from connectors.base import Connector, Deletions, Table
-from sync.durations import format_duration
+from sync.base.durations import format_duration
 
 
 def describe_providers(

@@ -35,10 +35,10 @@ from rich.text import Text
 
 from connectors.simulated.server import Simulation, Tenant, start_server
 from sync.api import Engine
-from sync.embedded import data_dir
+from sync.base.embedded import data_dir
+from sync.base.settings import Settings
 from sync.errors import NotFound
 from sync.models import Attempt, Run
-from sync.settings import Settings
 from sync.vocabulary import ErrorKind, RunKind, RunStatus
 
 DEADLINE = 55.0  # seconds: the demo gives up (and fails) past this

@@ -1,9 +1,11 @@
 """What operators look at, as the Python API returns it: a connection with its current and last
-runs, and the figures ``/metrics`` exports from the database. Plain frozen records, built from
-rows of the named statements ``connections_overview`` and ``metrics_snapshot``."""
+runs, the progress of a running run in words, and the figures ``/metrics`` exports from the
+database. Plain frozen records, built from rows of the named statements ``connections_overview``
+and ``metrics_snapshot``."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -155,3 +157,24 @@ class MetricsSnapshot:
             workers={state: int(row["workers"].get(state.value, 0)) for state in WorkerState},
             app_queues=tuple(AppQueueFigures(**q) for q in row.get("app_queues") or ()),
         )
+
+
+def describe_progress(progress: Mapping[str, Any] | None) -> str:
+    """The progress of a running run in words (pure): "table 2 of 3 (issues, octocat/hello),
+    page 7, 700 of 2,000 records" ("of about 2,000" when the provider's total is an estimate)."""
+    if not progress or not progress.get("table"):
+        return ""
+    where = progress["table"]
+    if progress.get("partition"):
+        where += f", {progress['partition']}"
+    text = f"table {progress.get('table_index', 0)} of {progress.get('tables', 0)} ({where})"
+    if progress.get("page"):
+        text += f", page {progress['page']}"
+    records = int(progress.get("records") or 0)
+    total = progress.get("total")
+    if total:
+        about = "about " if progress.get("total_estimated") else ""
+        text += f", {records:,} of {about}{int(total):,} records"
+    else:
+        text += f", {records:,} records"
+    return text

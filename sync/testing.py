@@ -23,8 +23,8 @@ from cryptography.fernet import Fernet
 from pydantic import SecretStr
 
 from sync.api import Engine
+from sync.base.settings import Settings
 from sync.models import Run
-from sync.settings import Settings
 from sync.vocabulary import RunStatus
 from sync.worker import Worker
 

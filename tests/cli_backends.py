@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 from sync import Engine, Settings
+from sync.base.embedded import embedded_url, stop_server
 from sync.cli import main
-from sync.embedded import embedded_url, stop_server
 from tests.conftest import DATABASE_URL
 
 SCRIPT = Path(sys.executable).parent / "connector-sync"

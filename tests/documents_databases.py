@@ -17,7 +17,7 @@ import psycopg
 from psycopg import conninfo, sql
 
 from sync.documents import VectorStorage
-from sync.migrations import migrate
+from sync.store.migrations import migrate
 from tests.conftest import DIRECT_URL
 
 SETUPS = ("postgres-real[]", "pgvector", "pgvector-in-public", "no-create-extension")

@@ -20,9 +20,9 @@ from pydantic import BaseModel
 import connectors
 from connectors import Connector, HttpClient, OAuth2, RetryableError, Table, register
 from sync import Engine
-from sync.abort import AbortSignal
-from sync.budgets import BudgetView
+from sync.base.abort import AbortSignal
 from sync.errors import LeaseLost
+from sync.jobs.budgets import BudgetView
 from sync.runs.context import RunContext
 from sync.store import ClaimedRun, RunStore
 from sync.testing import run_sync

@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_sta
 from psycopg.types.json import Jsonb
 
 from sync import Engine
-from sync.queries import QUERIES
+from sync.store.queries import QUERIES
 
 WORKSPACES, PROVIDERS, PER_LANE = 2, ("memory", "memory_events"), 2
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from sync import Engine
-from sync.queries import QUERIES
+from sync.store.queries import QUERIES
 from tests.plans import explained, nodes
 
 HISTORY = """

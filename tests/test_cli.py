@@ -20,13 +20,13 @@ from pydantic import ValidationError
 
 import connectors
 from connectors.simulated.server import Simulation, start_server
+from sync.base.durations import parse_duration
+from sync.base.settings import Settings
 from sync.catalog import describe_provider
-from sync.cli import describe_progress
-from sync.cli_base import parse_json_object
-from sync.console import format_duration
-from sync.durations import parse_duration
+from sync.cli.commands import describe_progress
+from sync.cli.common import parse_json_object
+from sync.cli.console import format_duration
 from sync.models import Run
-from sync.settings import Settings
 from tests.conftest import DATABASE_URL
 
 SCRIPT = Path(sys.executable).parent / "connector-sync"
@@ -595,7 +595,7 @@ def test_describe_progress() -> None:
 def test_sync_wait_without_a_terminal_prints_a_wait_once_not_every_second(
     engine: Any, admin: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from sync.cli import follow_run
+    from sync.cli.commands import follow_run
     from tests.fakes import DATASETS, Dataset
 
     DATASETS["plain-wait"] = Dataset(tables={"items": []})

@@ -26,11 +26,11 @@ from rich.cells import cell_len
 
 from connectors import RetryableError
 from connectors.simulated.server import Simulation, start_server
+from sync.base.database_url import describe
 from sync.cli import app, main
-from sync.cli_base import WrappedWarnings
-from sync.console import when
-from sync.database_url import describe
-from sync.sqlfiles import sql_dir
+from sync.cli.common import WrappedWarnings
+from sync.cli.console import when
+from sync.store.sqlfiles import sql_dir
 from sync.testing import make_run_due
 from tests.cli_backends import Backend, Cli
 from tests.conftest import DATABASE_URL

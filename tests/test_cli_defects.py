@@ -23,9 +23,10 @@ from rich.console import Console
 
 from connectors.simulated.server import Simulation, start_server
 from sync import InvalidInput, Settings
-from sync.cli import app, follow_progress, follow_view, main
+from sync.cli import app, main
+from sync.cli.commands import follow_progress, follow_view
 from sync.demo import Check, _summary
-from sync.queries import QUERIES
+from sync.store.queries import QUERIES
 from tests.cli_backends import SCRIPT, Backend, Cli, WorkerProcess
 from tests.test_sync_flow import items, new_dataset
 

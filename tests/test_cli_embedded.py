@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sync.embedded import stop_server
+from sync.base.embedded import stop_server
 
 # Every test here starts a process of its own (see tests/conftest.py).
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-import sync.db
+import sync.store.db
 from sync import Engine
 from tests.conftest import DIRECT_URL, direct_only, make_settings
 from tests.test_sync_flow import items, live, new_dataset, sync_once
@@ -44,7 +44,7 @@ def test_the_worker_backs_off_while_the_database_is_away_and_carries_on(
 ) -> None:
     # Pooled connections are not checked before use here, however long a loaded machine takes
     # between the cut and the poll: the poll itself must meet the dead connections.
-    monkeypatch.setattr(sync.db, "CHECK_AFTER_IDLE", float("inf"))
+    monkeypatch.setattr(sync.store.db, "CHECK_AFTER_IDLE", float("inf"))
     key, _ = new_dataset(items=items(1))
     ws = engine.create_workspace("acme")
     conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
@@ -74,7 +74,7 @@ def test_the_worker_backs_off_while_the_database_is_away_and_carries_on(
     # The database is back. From here on every checkout is checked first, as in production (a
     # connection idle for over a second is): the dead connections the polls did not meet are
     # replaced, however many stages there were to meet them.
-    monkeypatch.setattr(sync.db, "CHECK_AFTER_IDLE", 0.0)
+    monkeypatch.setattr(sync.store.db, "CHECK_AFTER_IDLE", 0.0)
     run = engine.sync(conn.id)  # the pool reconnects on its own
     assert worker.poll()
     assert engine.run(run.id).status == "succeeded"

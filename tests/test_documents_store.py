@@ -28,7 +28,7 @@ from sync.documents import (
     upsert_chunks,
     vector_storage,
 )
-from sync.migrations import grant
+from sync.store.migrations import grant
 from tests.documents_databases import SETUPS, ChunkDatabase, chunk_database, start_pgserver
 
 EMBEDDER = HashingEmbedder()

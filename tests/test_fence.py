@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from sync import Engine
-from sync.queries import QUERIES, parse
-from sync.sqlfiles import sql_dir
+from sync.store.queries import QUERIES, parse
+from sync.store.sqlfiles import sql_dir
 from tests.plans import explained, nodes
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")

@@ -15,12 +15,12 @@ import pytest
 
 from connectors import Checkpoint, Deletions, Mode, Table
 from sync import Engine
-from sync.abort import AbortReason, AbortSignal
+from sync.base.abort import AbortReason, AbortSignal
 from sync.errors import LeaseLost
-from sync.lease import Lease, read_run_control, renew_run
-from sync.queries import QUERIES
-from sync.records import RecordWriter
-from sync.tombstones import TombstonePass
+from sync.jobs.lease import Lease, read_run_control, renew_run
+from sync.runs.records import RecordWriter
+from sync.runs.tombstones import TombstonePass
+from sync.store.queries import QUERIES
 from tests.cli_backends import WorkerProcess
 from tests.conftest import make_settings
 from tests.test_sync_flow import items, new_dataset

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sync.queries import parse
-from sync.sqlfiles import sql_dir
+from sync.store.queries import parse
+from sync.store.sqlfiles import sql_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,14 +15,14 @@ import pytest
 
 from connectors import RetryableError
 from sync import Engine
-from sync.abort import AbortReason
+from sync.base.abort import AbortReason
 from sync.documents import HashingEmbedder
 from sync.errors import Conflict, InvalidInput, NotFound
 from sync.ingestions import stage as stage_module
 from sync.ingestions import store
 from sync.ingestions.decisions import Next, after_failure
-from sync.queries import parse
-from sync.sqlfiles import sql_dir
+from sync.store.queries import parse
+from sync.store.sqlfiles import sql_dir
 from tests.conftest import make_settings
 from tests.ingestion_support import (
     CountingEmbedder,

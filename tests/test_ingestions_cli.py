@@ -138,7 +138,7 @@ def _ingestion(**changes: object) -> Ingestion:
 
 
 def test_describe_ingestion() -> None:
-    from sync.cli_documents import describe_ingestion
+    from sync.cli.documents import describe_ingestion
 
     now = datetime.now(UTC)
     assert describe_ingestion(_ingestion(), workers_alive=0, now=now) == (

@@ -21,9 +21,9 @@ import respx
 from pydantic import ValidationError
 
 from sync import Engine
+from sync.base.settings import Settings
 from sync.documents import HashingEmbedder, OpenAIEmbeddings
 from sync.documents.embedders import embedder_from
-from sync.settings import Settings
 from tests.cli_backends import Backend, Cli
 from tests.conftest import DATABASE_URL, make_settings
 from tests.ingestion_support import drain, write_text

@@ -15,11 +15,11 @@ import psycopg
 import pytest
 
 from sync import Engine
-from sync.abort import AbortReason, AbortSignal
-from sync.db import Connection, connect
-from sync.lease import JOBS, Control, Lease, LeaseKeeper, LeaseKind, Terms
+from sync.base.abort import AbortReason, AbortSignal
+from sync.jobs.lease import JOBS, Control, Lease, LeaseKeeper, LeaseKind, Terms
 from sync.queues import queue_spec
 from sync.queues.postgres import PostgresQueues
+from sync.store.db import Connection, connect
 from tests.conftest import direct_only
 from tests.test_fencing import claim
 from tests.test_sync_flow import items, new_dataset

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from sync import Engine, MigrationError, SchemaBehind
-from sync.migrations import REWORDED, _lock_key, migrate, shipped
+from sync.store.migrations import REWORDED, _lock_key, migrate, shipped
 from tests.conftest import DATABASE_URL, DIRECT_URL, make_settings
 from tests.waiting import wait_until_blocked
 

@@ -38,7 +38,7 @@ def test_the_wheel_holds_the_pages_files_and_every_sql_file(wheel: Path) -> None
     assert templates and static
     assert templates <= names, templates - names
     assert static <= names, static - names
-    # sql/ is shipped inside the package, where sync.sqlfiles looks for it in an installation.
+    # sql/ is shipped inside the package, where sync.store.sqlfiles looks for it in an installation.
     sql = {name.replace("sql/", "sync/sql/", 1) for name in on_disk("sql", "*.sql")}
     assert any(Path(name).name.startswith("0001_") for name in sql)
     assert sql <= names, sql - names
@@ -56,8 +56,8 @@ def test_the_engine_from_the_wheel_alone_migrates_a_database(unpacked: Path, sch
     """Nothing of the checkout is on the path: the process runs from the unpacked wheel (its
     dependencies from this environment), as after a non-editable install."""
     script = (
-        "import sys, sync, sync.sqlfiles, sync.ui.app;"
-        "print(sync.__file__); print(sync.sqlfiles.sql_dir()); print(sync.ui.app.STATIC);"
+        "import sys, sync, sync.store.sqlfiles, sync.ui.app;"
+        "print(sync.__file__); print(sync.store.sqlfiles.sql_dir()); print(sync.ui.app.STATIC);"
         "sys.argv = ['connector-sync', 'migrate'];"
         "import connector_sync_cli; connector_sync_cli.main()"
     )

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from sync.maintenance_store import MAINTENANCE
-from sync.queries import QUERIES, NamedQueries, parse
+from sync.store.maintenance import MAINTENANCE
+from sync.store.queries import QUERIES, NamedQueries, parse
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)[sb]")
 

@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 
 from sync import Engine
-from sync.db import connect, listen_url
 from sync.errors import InvalidInput
-from sync.job_lanes import Completions, Lanes
-from sync.lease import LeaseKeeper
+from sync.jobs.lease import LeaseKeeper
 from sync.queues import Abort, Job, JobStatus, QueuePolicy, queue_spec
 from sync.queues.postgres import PostgresQueues
+from sync.store.db import connect, listen_url
 from sync.worker import Listener
+from sync.worker.slots import Completions, Lanes
 from tests.conftest import make_settings
 from tests.test_lease_keeper import Ticks
 from tests.waiting import poll_until, until

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from sync import Engine, Settings
-from sync.queries import parse
 from sync.queues import QueuePolicy, queue_spec
-from sync.sqlfiles import sql_dir
+from sync.store.queries import parse
+from sync.store.sqlfiles import sql_dir
 from tests.plans import explained, nodes
 
 SENDERS = 20

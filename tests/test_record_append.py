@@ -9,10 +9,10 @@ import pytest
 
 from connectors import Mode, Position, Table
 from sync import Engine
-from sync.abort import AbortSignal
+from sync.base.abort import AbortSignal
 from sync.errors import LeaseLost
-from sync.lease import Lease
-from sync.records import APPEND_FROM, RecordWriter
+from sync.jobs.lease import Lease
+from sync.runs.records import APPEND_FROM, RecordWriter
 from sync.store import TableWrites
 from tests.test_fencing import claim
 from tests.test_sync_flow import items, new_dataset, sync_once, tombstoned

@@ -13,9 +13,9 @@ import pytest
 
 from sync import Engine
 from sync.cli import main
-from sync.queries import QUERIES
-from sync.services import Kind
 from sync.store import RunStore
+from sync.store.queries import QUERIES
+from sync.worker.services import Kind
 from tests.conftest import DATABASE_URL, make_settings
 from tests.waiting import wait_until_blocked
 

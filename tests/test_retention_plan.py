@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sync import Engine
-from sync.maintenance_store import MAINTENANCE
+from sync.store.maintenance import MAINTENANCE
 from tests.plans import explained, nodes
 
 HISTORY = """

@@ -11,9 +11,9 @@ import psycopg.errors
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sync.abort import AbortReason
+from sync.base.abort import AbortReason
 from sync.ingestions.decisions import Next, after_failure
-from sync.retry_policy import (
+from sync.jobs.outcome import (
     Action,
     TableResult,
     Waiting,

@@ -8,8 +8,8 @@ import pytest
 from cryptography.fernet import Fernet
 
 from sync import Engine
+from sync.base.secrets import SecretBox
 from sync.errors import SecretsError
-from sync.secrets import SecretBox
 from tests.conftest import make_settings
 
 

@@ -15,7 +15,7 @@ import respx
 
 from connectors import HttpClient, NoConfig, RateLimited
 from sync import Engine
-from sync.abort import AbortSignal
+from sync.base.abort import AbortSignal
 from sync.ingestions.context import IngestionContext, Stopper
 from tests.fakes import MemoryConnector
 

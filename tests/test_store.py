@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from sync import Engine
+from sync.jobs.outcome import Action, TableResult
 from sync.models import Workspace
-from sync.retry_policy import Action, TableResult
 from sync.runs.outcome import decider
 from sync.store import (
     ClaimedRun,

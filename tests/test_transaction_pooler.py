@@ -12,10 +12,10 @@ from typing import Any
 import psycopg
 import pytest
 
-import sync.migrations
+import sync.store.migrations
 from sync import Engine, Settings
-from sync.db import listen_url
-from sync.migrations import shipped
+from sync.store.db import listen_url
+from sync.store.migrations import shipped
 from sync.worker import Listener
 from tests.conftest import DIRECT_URL, make_settings
 from tests.pgbouncer import PgBouncer, binary
@@ -119,14 +119,14 @@ def test_migrate_through_the_pooler_leaves_no_lock_behind(
     connection when the release is sent, released on another (where it is not held): the lock
     stays with the pooled server connection for every later ``migrate`` to wait on."""
     holder = psycopg.connect(bouncer.url)  # not autocommit: holds a server in a transaction
-    verify = sync.migrations._verify_checksums
+    verify = sync.store.migrations._verify_checksums
 
     def meanwhile(*args: Any) -> None:
         # Another client takes the server connection migrate used last, and keeps it.
         holder.execute("SELECT 1")
         verify(*args)
 
-    monkeypatch.setattr(sync.migrations, "_verify_checksums", meanwhile)
+    monkeypatch.setattr(sync.store.migrations, "_verify_checksums", meanwhile)
     try:
         with Engine(pooled(schema, bouncer), pool_size=3) as engine:
             assert len(engine.migrate()) == len(shipped())

@@ -23,8 +23,8 @@ from starlette.routing import Route
 from connectors import PermanentError
 from connectors.errors import RateLimited
 from sync import Engine
-from sync.db import describe
 from sync.queues import queue_spec
+from sync.store.db import describe
 from sync.testing import run_sync
 from sync.ui.app import UiOptions, create_app
 from tests.conftest import DATABASE_URL, DIRECT_URL, make_settings

@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from connectors import PermanentError
 from sync import Engine
-from sync.queries import QUERIES
 from sync.queues import queue_spec
+from sync.store.queries import QUERIES
 from sync.testing import run_sync
 from tests.plans import explained, nodes
 from tests.test_sync_flow import items, new_dataset

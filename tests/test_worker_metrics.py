@@ -17,13 +17,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from connectors import PermanentError
 from connectors.errors import RateLimited
 from sync import Engine
-from sync.db import connect
-from sync.job_lanes import Lanes
-from sync.lease import LeaseKeeper
+from sync.jobs.lease import LeaseKeeper
+from sync.jobs.metrics import MetricsServer, WorkerMetrics
 from sync.queues import Job, JobStatus, queue_spec
 from sync.queues.postgres import PostgresQueues
+from sync.store.db import connect
 from sync.testing import run_sync
-from sync.worker_metrics import MetricsServer, WorkerMetrics
+from sync.worker.slots import Lanes
 from tests.conftest import make_settings
 from tests.test_sync_flow import items, new_dataset
 from tests.ui_support import GATES, new_gate

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from sync import Engine
-from sync.db import listen_url
-from sync.services import FleetTask, ScheduleEnqueuer, Service
+from sync.store.db import listen_url
 from sync.worker import Listener
+from sync.worker.services import FleetTask, ScheduleEnqueuer, Service
 from tests.conftest import make_settings
 from tests.test_sync_flow import items, new_dataset
 
@@ -221,7 +221,7 @@ def test_a_failing_service_logs_counts_and_carries_on(
         return real()
 
     service._run = flaky  # type: ignore[method-assign]
-    with caplog.at_level(logging.ERROR, logger="sync.services"):
+    with caplog.at_level(logging.ERROR, logger="sync.worker.services"):
         service.start()
         try:
             assert service.signals.ran.wait_for(1)

@@ -27,7 +27,8 @@ from opentelemetry import trace  # noqa: E402 - after the SDK is made unimportab
 
 from connectors import http  # noqa: E402
 from connectors.simulated.server import Simulation, start_server  # noqa: E402
-from sync import Engine, tracing  # noqa: E402
+from sync import Engine  # noqa: E402
+from sync.base import tracing  # noqa: E402
 from sync.testing import run_sync  # noqa: E402
 from tests.conftest import make_settings  # noqa: E402
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from sync.signals import TestSignal
+from sync.base.signals import TestSignal
 from tests.conftest import DIRECT_URL
 
 

@@ -8,9 +8,9 @@ deployment must be given the same settings."""
 from __future__ import annotations
 
 from connectors.context import RequestContext
+from sync.base.settings import Settings
 from sync.documents.embeddings import Embedder, HashingEmbedder
 from sync.documents.openai_embeddings import OpenAIEmbeddings, StandaloneContext
-from sync.settings import Settings
 
 
 def embedder_from(settings: Settings, context: RequestContext | None = None) -> Embedder:

@@ -26,7 +26,7 @@ from connectors.context import CachedResponse, RequestContext
 from connectors.errors import ConnectorError, PermanentError
 from connectors.http import HttpClient
 from connectors.http_policy import Classification, Verdict, classify
-from sync import redact
+from sync.base import redact
 from sync.documents.embeddings import Vector
 
 DEFAULT_BATCH = 128

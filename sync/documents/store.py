@@ -22,8 +22,8 @@ from psycopg.rows import dict_row, tuple_row
 
 from sync.documents.chunking import Chunk
 from sync.documents.embeddings import Embedder, Vector, words
-from sync.queries import NamedQuery, parse
-from sync.sqlfiles import sql_dir
+from sync.store.queries import NamedQuery, parse
+from sync.store.sqlfiles import sql_dir
 
 # A query's first words; a longer query is cut here (it only adds terms to an OR).
 MAX_QUERY_WORDS = 64

@@ -8,8 +8,8 @@ import hashlib
 from pathlib import Path
 
 from connectors.errors import ConnectorError
-from sync import redact
-from sync.db import Pool
+from sync.base import redact
+from sync.base.settings import Settings
 from sync.documents import DocumentLimits
 from sync.documents import search as search_chunks
 from sync.documents.embedders import close_embedder, embedder_from
@@ -22,7 +22,7 @@ from sync.ingestions.models import (
     OtherModel,
     SearchResults,
 )
-from sync.settings import Settings
+from sync.store.db import Pool
 
 MAX_LIMIT = 1000
 

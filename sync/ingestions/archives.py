@@ -21,16 +21,16 @@ from datetime import datetime
 from typing import Any
 
 from connectors.errors import Aborted
-from sync.abort import AbortReason, AbortSignal
-from sync.db import Pool, first_line
+from sync.base.abort import AbortReason, AbortSignal
+from sync.base.secrets import SecretBox
+from sync.base.settings import Settings
 from sync.documents import DocumentLimits, Embedder, expand_zip
 from sync.ingestions import store
 from sync.ingestions.context import JobLog, Stopper
 from sync.ingestions.decisions import Next, after_failure
 from sync.ingestions.job import indexed_with
 from sync.ingestions.sources import Source, SourceGone, member_name
-from sync.secrets import SecretBox
-from sync.settings import Settings
+from sync.store.db import Pool, first_line
 
 log = logging.getLogger("sync.ingestions")
 

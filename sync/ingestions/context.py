@@ -21,15 +21,15 @@ from pydantic import BaseModel
 from connectors.base import Connector
 from connectors.context import CachedResponse
 from connectors.errors import PermanentError
-from sync import redact
-from sync.abort import AbortReason, AbortSignal
-from sync.budgets import SharedBudget, budget_key_of, shared_key
-from sync.db import Pool
+from sync.base import redact
+from sync.base.abort import AbortReason, AbortSignal
+from sync.base.secrets import SecretBox
 from sync.errors import LeaseLost
 from sync.ingestions import store
-from sync.lease import Control, Lease
-from sync.secrets import SecretBox
+from sync.jobs.budgets import SharedBudget, budget_key_of, shared_key
+from sync.jobs.lease import Control, Lease
 from sync.store import RunStore
+from sync.store.db import Pool
 
 
 class JobLog(logging.LoggerAdapter[logging.Logger]):

@@ -1,7 +1,7 @@
 """Pure decisions about an ingestion attempt that ended early: what its exception means (a
 refusal no retry can help, a file that is gone, a wait, a retryable fault) and what to do next
 (fail, end, requeue after the engine's backoff). A database error means what it means for a run
-(:func:`sync.retry_policy.database_error`), and the delay is the runs' backoff. Messages are
+(:func:`sync.jobs.outcome.database_error`), and the delay is the runs' backoff. Messages are
 redacted: a secret the engine knows (an endpoint's API key) never reaches the ingestion's
 error. No I/O here."""
 
@@ -16,12 +16,12 @@ from typing import Any
 import psycopg
 
 from connectors.errors import ConnectorError, FileGone, PermanentError, RateLimited, RetryableError
-from sync import redact
-from sync.connector_setup import ConnectorSetupError
-from sync.db import first_line
+from sync.base import redact
 from sync.documents import DocumentError
 from sync.documents.errors import ArchiveRefused
-from sync.retry_policy import DEFAULT_BACKOFF, DEFAULT_JITTER, backoff_delay, database_error
+from sync.jobs.connectors import ConnectorSetupError
+from sync.jobs.outcome import DEFAULT_BACKOFF, DEFAULT_JITTER, backoff_delay, database_error
+from sync.store.db import first_line
 
 
 class Next(StrEnum):

@@ -24,8 +24,9 @@ from datetime import timedelta
 from typing import Any
 
 from connectors.errors import Aborted, RetryableError
-from sync.abort import AbortReason, AbortSignal
-from sync.db import Pool, first_line
+from sync.base.abort import AbortReason, AbortSignal
+from sync.base.secrets import SecretBox
+from sync.base.settings import Settings
 from sync.documents import (
     DocumentLimits,
     Embedder,
@@ -42,9 +43,8 @@ from sync.ingestions import store
 from sync.ingestions.context import EndpointContext, JobLog, Stopper
 from sync.ingestions.decisions import Next, after_failure
 from sync.ingestions.sources import FileInfo, Source, SourceGone
-from sync.lease import Lease, LeaseKeeper, Terms
-from sync.secrets import SecretBox
-from sync.settings import Settings
+from sync.jobs.lease import Lease, LeaseKeeper, Terms
+from sync.store.db import Pool, first_line
 
 log = logging.getLogger("sync.ingestions")
 

@@ -26,13 +26,13 @@ from typing import Any
 
 from connectors.base import Connector, Table
 from connectors.errors import PermanentError
-from sync.connector_setup import connector_inputs
-from sync.db import Pool
+from sync.base.secrets import SecretBox
 from sync.documents import DocumentLimits, SpooledFile, expand_zip, spool
 from sync.ingestions import store
 from sync.ingestions.context import IngestionContext, Stopper
-from sync.lease import Lease
-from sync.secrets import SecretBox
+from sync.jobs.connectors import connector_inputs
+from sync.jobs.lease import Lease
+from sync.store.db import Pool
 
 ARCHIVE_TYPES = frozenset({"application/zip", "application/x-zip-compressed"})
 

@@ -14,16 +14,16 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
-from sync.db import Pool
+from sync.base.secrets import SecretBox
+from sync.base.settings import Settings
 from sync.documents import DocumentLimits, Embedder
 from sync.documents.embedders import close_embedder, embedder_from
 from sync.ingestions import store
 from sync.ingestions.archives import ArchiveJob
 from sync.ingestions.context import EndpointContext
 from sync.ingestions.job import DocumentJob
-from sync.lease import LeaseKeeper
-from sync.secrets import SecretBox
-from sync.settings import Settings
+from sync.jobs.lease import LeaseKeeper
+from sync.store.db import Pool
 
 log = logging.getLogger("sync.ingestions")
 

@@ -21,11 +21,11 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from sync.abort import AbortReason
-from sync.db import Connection, Pool, first_line
-from sync.lease import Control, Lease, LeaseKind
-from sync.queries import parse
-from sync.sqlfiles import sql_dir
+from sync.base.abort import AbortReason
+from sync.jobs.lease import Control, Lease, LeaseKind
+from sync.store.db import Connection, Pool, first_line
+from sync.store.queries import parse
+from sync.store.sqlfiles import sql_dir
 
 log = logging.getLogger("sync.ingestions")
 

@@ -2,7 +2,7 @@
 declarations, the pure decisions (retry delays, a job's fate, cron ticks, lanes), and an
 in-memory implementation for unit tests. See docs/queues.md."""
 
-from sync.queues.clock import Clock, ManualClock, SystemClock
+from sync.base.clock import Clock, ManualClock, SystemClock
 from sync.queues.declarations import QueueSpec, queue_spec, read_queue_file
 from sync.queues.lanes import parse_lanes
 from sync.queues.memory import InMemoryQueues

@@ -3,7 +3,7 @@ registered secret redacted, at most 500 characters."""
 
 from __future__ import annotations
 
-from sync.redact import redact
+from sync.base.redact import redact
 
 MAX_ERROR = 500
 

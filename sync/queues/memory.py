@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from sync.base.clock import Clock, SystemClock
 from sync.errors import Conflict, InvalidInput, NotFound
 from sync.queues.admission import check_key, due_time, singleton_slot
-from sync.queues.clock import Clock, SystemClock
 from sync.queues.cron import firing, next_tick, parse_cron
 from sync.queues.declarations import QueueSpec
 from sync.queues.failures import one_line

@@ -6,7 +6,7 @@ Time: with a ``clock`` (tests pass a :class:`ManualClock`) every statement is gi
 now, as River's driver takes ``now``; without one, every statement uses the database's own
 ``now()``, so workers on machines whose clocks disagree still agree on when a job is due.
 
-A worker's lanes (``sync.job_lanes``) use :meth:`claim` and :meth:`execute`; tests and
+A worker's lanes (``sync.worker.slots``) use :meth:`claim` and :meth:`execute`; tests and
 single-threaded tools use :meth:`run_due`."""
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from uuid import UUID
 
 import psycopg
 
-from sync.abort import AbortReason, AbortSignal
+from sync.base.abort import AbortReason, AbortSignal
+from sync.base.clock import Clock
 from sync.errors import Conflict, InvalidInput, NotFound
 from sync.queues.admission import check_key_text, due_time, key_on_standard
-from sync.queues.clock import Clock
 from sync.queues.cron import firing, next_tick, parse_cron
 from sync.queues.declarations import QueueSpec
 from sync.queues.failures import one_line

@@ -17,7 +17,6 @@ from uuid import UUID
 from psycopg import Connection, sql
 from psycopg.types.json import Jsonb
 
-from sync.queries import parse
 from sync.queues.declarations import QueueSpec
 from sync.queues.models import (
     AttemptOutcome,
@@ -28,7 +27,8 @@ from sync.queues.models import (
     QueueStats,
     Schedule,
 )
-from sync.sqlfiles import sql_dir
+from sync.store.queries import parse
+from sync.store.sqlfiles import sql_dir
 
 Row = dict[str, Any]
 

@@ -1,5 +1,5 @@
 """The run kind of leased work: a connection's sync or purge, as one claimed run is executed
-(``sync.executor``) and its outcome applied.
+(``sync.jobs.executor``) and its outcome applied.
 
 - ``log``: the run log, tagged with the run, connection, attempt and worker;
 - ``context``: what the connector sees of the engine;

@@ -13,14 +13,14 @@ from pydantic import BaseModel
 from connectors.base import Connector
 from connectors.context import CachedResponse
 from connectors.errors import PermanentError
-from sync import redact
-from sync.abort import AbortSignal
-from sync.budgets import BudgetView, SharedBudget, budget_key_of, shared_key
-from sync.checkpoints import RunCheckpoints
-from sync.http_cache import HttpCache
+from sync.base import redact
+from sync.base.abort import AbortSignal
+from sync.base.secrets import SecretBox
+from sync.base.settings import Settings
+from sync.jobs.budgets import BudgetView, SharedBudget, budget_key_of, shared_key
+from sync.runs.checkpoints import RunCheckpoints
+from sync.runs.http_cache import HttpCache
 from sync.runs.log import Logger
-from sync.secrets import SecretBox
-from sync.settings import Settings
 from sync.store import ClaimedRun, RunStore
 
 

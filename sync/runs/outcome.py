@@ -11,12 +11,12 @@ from typing import Any
 
 import psycopg
 
-from sync.abort import AbortReason, AbortSignal
-from sync.db import first_line
-from sync.retry_policy import Action, Decider, Outcome, TableResult, Waiting, decide
+from sync.base.abort import AbortReason, AbortSignal
+from sync.base.settings import Settings
+from sync.jobs.outcome import Action, Decider, Outcome, TableResult, Waiting, decide
 from sync.runs.log import Logger
-from sync.settings import Settings
 from sync.store import ClaimedRun, RunStore, Seal
+from sync.store.db import first_line
 from sync.vocabulary import ErrorKind, RunError, RunKind, RunStatus, TableStatus
 
 Sealer = Callable[[Seal], bool]

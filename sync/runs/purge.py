@@ -6,12 +6,12 @@ from __future__ import annotations
 import psycopg
 
 from connectors.errors import Aborted
-from sync.abort import AbortReason, AbortSignal
-from sync.db import first_line
+from sync.base.abort import AbortReason, AbortSignal
 from sync.errors import LeaseLost
-from sync.retry_policy import Action, Decider, Outcome, TableResult, database_error
+from sync.jobs.outcome import Action, Decider, Outcome, TableResult, database_error
 from sync.runs.log import Logger
 from sync.store import ClaimedRun, RunStore
+from sync.store.db import first_line
 from sync.vocabulary import RunStatus
 
 

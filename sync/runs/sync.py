@@ -1,6 +1,6 @@
 """The sync of one claimed run: each table of the connector read slice by slice (the table, or
 one partition of it) into the record writer, then its tombstone pass once every slice is
-settled. A sync resumes where earlier attempts of the same run left it (``sync.checkpoints``):
+settled. A sync resumes where earlier attempts of the same run left it (``sync.runs.checkpoints``):
 tables they settled are not read again, and every slice that is not done resumes at its last
 committed position. Results are kept twice: the run's row holds the totals of every attempt,
 each attempt's history row its own counts."""
@@ -17,18 +17,15 @@ import psycopg
 
 from connectors.base import Connector, Table
 from connectors.errors import Aborted, AuthError, ConnectorError, RetryableError
-from sync import redact, tracing
-from sync.abort import AbortReason, AbortSignal
-from sync.budgets import BudgetView
-from sync.checkpoints import RunCheckpoints, SliceCheckpoint
-from sync.connector_setup import ConnectorSetupError, connector_inputs
-from sync.db import Connection, first_line
+from sync.base import redact, tracing
+from sync.base.abort import AbortReason, AbortSignal
+from sync.base.secrets import SecretBox
+from sync.base.settings import Settings
 from sync.errors import LeaseLost
-from sync.http_cache import HttpCache
 from sync.ingestions.store import queue_file_ingestions
-from sync.progress import RunProgress
-from sync.records import RecordWriter
-from sync.retry_policy import (
+from sync.jobs.budgets import BudgetView
+from sync.jobs.connectors import ConnectorSetupError, connector_inputs
+from sync.jobs.outcome import (
     Action,
     Outcome,
     TableResult,
@@ -36,13 +33,16 @@ from sync.retry_policy import (
     merged,
     table_status,
 )
+from sync.runs.checkpoints import RunCheckpoints, SliceCheckpoint
 from sync.runs.context import RunContext
+from sync.runs.http_cache import HttpCache
 from sync.runs.log import Logger
 from sync.runs.outcome import Outcomes, decider
-from sync.secrets import SecretBox
-from sync.settings import Settings
+from sync.runs.progress import RunProgress
+from sync.runs.records import RecordWriter
+from sync.runs.tombstones import TombstonePass, partitions_gone
 from sync.store import ClaimedRun, CompletePasses, RunStore, TableWrites
-from sync.tombstones import TombstonePass, partitions_gone
+from sync.store.db import Connection, first_line
 from sync.vocabulary import SETTLED, ConnectionStatus, ErrorKind, RunError, RunStatus, TableStatus
 
 

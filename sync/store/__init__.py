@@ -4,12 +4,12 @@ typed parameters and rows: every statement a run's life takes, from its claim to
 it holds); workspaces, connections and their records (``TenantStore``); what operators look at
 (``OverviewStore``). With them, the one way to repeat a statement that failed for a passing
 reason (``RetryPolicy``) and the clock decisions are taken on. Only the stores import
-``sync.queries`` (an import-linter contract in ``pyproject.toml``).
+``sync.store.queries`` (an import-linter contract in ``pyproject.toml``).
 
 The statements themselves live in ``sql/queries.sql``, by name, each with the invariant it
 protects; the fence they share is ``run_fence_v1`` (``sql/0012_fence_and_versions.sql``)."""
 
-from sync.queues.clock import Clock, ManualClock, SystemClock
+from sync.base.clock import Clock, ManualClock, SystemClock
 from sync.store.fenced import SliceSave, TableWrites
 from sync.store.overview import OverviewStore
 from sync.store.retry import RetryPolicy, is_connection_lost, is_transient

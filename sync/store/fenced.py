@@ -24,9 +24,9 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from sync.db import Connection
 from sync.errors import LeaseLost
-from sync.queries import QUERIES
+from sync.store.db import Connection
+from sync.store.queries import QUERIES
 from sync.store.retry import DEFAULT, RetryPolicy
 from sync.store.rows import BatchWritten, Lease, TableEnd, TombstoneStep, UnseenStep
 

@@ -5,11 +5,11 @@ repeated after a transient failure through the one :class:`~sync.store.retry.Ret
 
 from __future__ import annotations
 
-from sync.db import Connection
 from sync.models import WorkerInfo
 from sync.overview import ConnectionOverview, MetricsSnapshot
-from sync.queries import QUERIES
+from sync.store.db import Connection
 from sync.store.pooled import PooledStore
+from sync.store.queries import QUERIES
 from sync.store.rows import UnservedProvider
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from sync.db import Connection, Pool
+from sync.store.db import Connection, Pool
 from sync.store.retry import DEFAULT, RetryPolicy
 
 T = TypeVar("T")

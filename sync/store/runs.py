@@ -21,12 +21,12 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from sync.db import Connection, Pool
+from sync.base.clock import Clock, SystemClock
 from sync.errors import LeaseLost
 from sync.models import Attempt, Run
-from sync.queries import QUERIES
-from sync.queues.clock import Clock, SystemClock
+from sync.store.db import Connection, Pool
 from sync.store.pooled import PooledStore
+from sync.store.queries import QUERIES
 from sync.store.retry import DEFAULT, RetryPolicy, is_connection_lost, is_transient
 from sync.store.rows import (
     ClaimedRun,

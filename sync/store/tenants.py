@@ -17,10 +17,10 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from sync.db import Connection as Conn
 from sync.models import Connection, Record, Run, Workspace
-from sync.queries import QUERIES
+from sync.store.db import Connection as Conn
 from sync.store.pooled import PooledStore
+from sync.store.queries import QUERIES
 from sync.store.rows import ConnectionRepair, LockedConnection
 from sync.vocabulary import ConnectionStatus
 

@@ -24,8 +24,8 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sync import redact
 from sync.api import Engine
+from sync.base import redact
 from sync.errors import Conflict, DatabaseUnavailable, InvalidInput, NotFound, SyncError
 from sync.ui import connections, ingestions, jobs, login, metrics, queues, runs, workers
 from sync.ui.access import AccessMiddleware, AccessRule

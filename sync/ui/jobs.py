@@ -11,8 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from sync import redact
 from sync.api import Engine
+from sync.base import redact
 from sync.queues import JobStatus
 from sync.ui.actions import action
 from sync.ui.render import choice_param, engine_of, render

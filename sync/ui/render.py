@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
-from sync import progress as run_progress
 from sync.api import Engine
+from sync.overview import describe_progress
 from sync.ui import display
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
@@ -24,7 +24,7 @@ templates.env.filters.update(
     error_details=display.error_details,
 )
 templates.env.globals.update(
-    relative=display.relative, progress=display.progress, position=run_progress.describe
+    relative=display.relative, progress=display.progress, position=describe_progress
 )
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import respx
 
 from sync import Engine
-from sync.progress import describe as describe_progress
-from sync.settings import Settings
+from sync.base.settings import Settings
+from sync.overview import describe_progress
 from sync.testing import run_sync
 from tests.connectors.github_fake import GitHub, make_issue, make_pull
 from tests.connectors.helpers import live_ids, tombstoned_ids

@@ -24,7 +24,7 @@ from connectors.procore import (
 )
 from connectors.testing import FakeContext, read_table
 from sync import Engine
-from sync.settings import Settings
+from sync.base.settings import Settings
 from sync.testing import run_sync
 from tests.connectors.helpers import (
     fixture,

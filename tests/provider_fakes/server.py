@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
-from sync.signals import TestSignal
+from sync.base.signals import TestSignal
 
 Handler = Callable[[httpx.Request], httpx.Response]
 IN_FLIGHT = 0.2  # seconds after the 429 in which a request may have been sent before it

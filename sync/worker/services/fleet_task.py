@@ -1,0 +1,52 @@
+"""A periodic task that one worker of the fleet runs per interval, whatever the number of
+workers: before each pass a worker takes the task's durable marker in ``maintenance_runs``
+(``claim_maintenance``), and while the interval has not passed since the last worker took it,
+the others skip it. The marker survives restarts, so a fleet that restarts often still runs the
+task once per interval, not once per start."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+from sync.store import maintenance as store
+from sync.store.db import Pool
+from sync.worker.services.base import Clock, Service
+
+
+class FleetTask(Service[dict[str, int] | None]):
+    """``run_once()`` returns what the pass deleted, per kind of row, or None when another
+    worker has the task for this interval. Subclasses set ``task`` and implement ``_pass()``."""
+
+    task = "task"
+
+    def __init__(
+        self,
+        pool: Pool,
+        interval: float,
+        max_backoff: float,
+        *,
+        worker_id: str,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        super().__init__(interval, max_backoff, clock=clock)
+        self._pool = pool
+        self._worker_id = worker_id
+
+    def _pass(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def _run(self) -> dict[str, int] | None:
+        with self._pool.connection() as conn:
+            claimed = store.claim_task(
+                conn,
+                self.task,
+                every=timedelta(seconds=self.interval),
+                worker_id=self._worker_id,
+            )
+        if claimed is None:
+            return None
+        result = self._pass()
+        with self._pool.connection() as conn:
+            store.finish_task(conn, self.task, claimed_at=claimed, result=result)
+        return result
