@@ -671,6 +671,70 @@ ON CONFLICT (connection_id, table_name) DO UPDATE
        updated_at = now()
 RETURNING 1 AS fenced;
 
+-- name: queue_file_ingestions
+-- The end of a files table's sync, fenced by the run (run_fence_v1; the run
+-- row stays share-locked until commit, so no claim takes the run meanwhile): every live file
+-- whose record's content hash differs from the one last queued (file_sources) gets a queued
+-- ingestion (or updates the pending one, whose finish then sees the record moved on); an
+-- unchanged file gets none. A tombstoned file's documents (and so their chunks) are deleted,
+-- its queued ingestions cancelled and its running one asked to stop.
+WITH fence AS (
+    SELECT r.workspace_id FROM connection_runs r
+     WHERE run_fence_v1(r, %(run_id)s, %(lease_owner)s)
+       FOR SHARE
+), changed AS (
+    SELECT rec.external_id, rec.content_hash
+      FROM fence, records rec
+      LEFT JOIN file_sources s
+             ON s.connection_id = rec.connection_id AND s.table_name = rec.table_name
+            AND s.external_id = rec.external_id
+     WHERE rec.connection_id = %(connection_id)s AND rec.table_name = %(table_name)s
+       AND rec.deleted_at IS NULL
+       AND s.content_hash IS DISTINCT FROM rec.content_hash
+), remembered AS (
+    INSERT INTO file_sources (connection_id, table_name, external_id, content_hash)
+    SELECT %(connection_id)s, %(table_name)s, c.external_id, c.content_hash FROM changed c
+    ON CONFLICT (connection_id, table_name, external_id) DO UPDATE
+       SET content_hash = EXCLUDED.content_hash, queued_at = now()
+), queued AS (
+    INSERT INTO ingestions (workspace_id, source, connection_id, table_name, external_id,
+                            source_hash, max_attempts)
+    SELECT f.workspace_id, 'file', %(connection_id)s, %(table_name)s, c.external_id,
+           c.content_hash, %(max_attempts)s
+      FROM changed c, fence f
+    ON CONFLICT (source_key, member_path)
+       WHERE status IN ('queued', 'running') AND source_key IS NOT NULL
+    DO UPDATE SET source_hash = EXCLUDED.source_hash
+    RETURNING 1
+), gone AS (
+    DELETE FROM file_sources s
+     USING records rec, fence
+     WHERE s.connection_id = %(connection_id)s AND s.table_name = %(table_name)s
+       AND rec.connection_id = s.connection_id AND rec.table_name = s.table_name
+       AND rec.external_id = s.external_id AND rec.deleted_at IS NOT NULL
+    RETURNING s.external_id
+), gone_documents AS (
+    DELETE FROM documents d
+     USING gone g
+     WHERE d.connection_id = %(connection_id)s AND d.table_name = %(table_name)s
+       AND d.external_id = g.external_id
+    RETURNING d.id
+), stopped AS (
+    UPDATE ingestions i
+       SET status = CASE WHEN i.status = 'queued' THEN 'cancelled' ELSE i.status END,
+           finished_at = CASE WHEN i.status = 'queued' THEN now() END,
+           cancel_requested_at = coalesce(i.cancel_requested_at, now()),
+           error = jsonb_build_object('kind', 'file_deleted',
+                                      'message', 'the file was deleted upstream')
+      FROM gone g
+     WHERE i.source_key = file_source_key(%(connection_id)s, %(table_name)s, g.external_id,
+                                          NULL, NULL)
+       AND i.status IN ('queued', 'running')
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM queued) AS queued,
+       (SELECT count(*) FROM gone_documents) AS deleted, (SELECT count(*) FROM stopped) AS stopped;
+
 -- name: save_cursor
 -- Saves an incremental table's cursor (one partition's, inside the table's cursor object, when
 -- a partition is named), after the batch it covers was written. Fenced; committed

@@ -28,6 +28,7 @@ from sync.base.secrets import SecretBox
 from sync.base.settings import Settings
 from sync.errors import Conflict, InvalidInput, NotFound, describe_validation_error
 from sync.ingestions.api import IngestionsApi
+from sync.jobs import registry as kinds
 from sync.jobs.budgets import budget_key_of
 from sync.models import Attempt, Connection, Record, Run, WorkerInfo, Workspace
 from sync.overview import (
@@ -36,6 +37,7 @@ from sync.overview import (
     WorkerState,
     worker_state,
 )
+from sync.queues.apps import install_handlers
 from sync.queues.lanes import parse_lanes
 from sync.queues.postgres import PostgresQueues
 from sync.store import (
@@ -50,7 +52,6 @@ from sync.store.migrations import Migration, check_schema, grant, migrate
 from sync.vocabulary import ConnectionStatus, RunKind, RunStatus
 from sync.worker import Worker
 from sync.worker.services.cleaner import PruneReport, RetentionRules, prune
-from sync.worker.slots import install_handlers
 
 log = logging.getLogger("sync")
 
@@ -458,6 +459,7 @@ class Engine(IngestionsApi):
             worker_id=worker_id,
             listen=listen,
             queues=self.queues,
+            kinds=list(kinds.installed().values()),
         )
 
     def workers(self) -> list[WorkerInfo]:

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any, Self
 from uuid import UUID
 
-from sync.vocabulary import TERMINAL_STATUSES, ConnectionStatus, RunError, RunKind, RunStatus
+from sync.vocabulary import TERMINAL_STATUSES, ConnectionStatus, JobError, RunKind, RunStatus
 
 
 class _FromRow:
@@ -26,7 +26,7 @@ class _FromRow:
                 value = value.total_seconds()
             elif isinstance(value, UUID):
                 value = str(value)
-            elif isinstance(value, RunError):
+            elif isinstance(value, JobError):
                 value = value.to_json()
             out[f.name] = value
         return out
@@ -82,7 +82,7 @@ class Run(_FromRow):
     worker_id: str | None
     cancel_requested_at: datetime | None
     results: dict[str, Any]
-    error: RunError | None
+    error: JobError | None
     processed_units: int
     total_units: int | None
     waits: int = 0
@@ -98,7 +98,7 @@ class Run(_FromRow):
     def from_row(cls, row: dict[str, Any]) -> Self:
         row = dict(row)
         row["kind"], row["status"] = RunKind(row["kind"]), RunStatus(row["status"])
-        row["error"] = RunError.parse(row.get("error"))
+        row["error"] = JobError.parse(row.get("error"))
         if row.get("first_queued_at") is None:  # queued before the column existed
             row["first_queued_at"] = min(
                 t for t in (row["queued_at"], row.get("started_at")) if t is not None
@@ -119,7 +119,7 @@ class Attempt(_FromRow):
     started_at: datetime
     finished_at: datetime | None
     outcome: str | None  # a run status, or retry, rate_limited, handed_back
-    error: RunError | None
+    error: JobError | None
     results: dict[str, Any] | None
     waiting_for: str | None = None
     waiting_until: datetime | None = None
@@ -127,7 +127,7 @@ class Attempt(_FromRow):
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Self:
         row = dict(row)
-        row["error"] = RunError.parse(row.get("error"))
+        row["error"] = JobError.parse(row.get("error"))
         return super().from_row(row)
 
 

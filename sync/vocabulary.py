@@ -1,6 +1,6 @@
 """The words the engine, its SQL, its API and its command line share: the statuses of runs,
-connections and tables, the kinds of runs and of errors, and :class:`RunError`, what a failed
-run or table says went wrong.
+connections and tables, the kinds of runs and of errors, and :class:`JobError`, what a failed
+attempt of any kind of work says went wrong.
 
 Each enum is a ``StrEnum`` whose values are the strings stored in Postgres, so a member is
 passed to a statement as is and compares equal to what a row returns. This module imports
@@ -66,8 +66,9 @@ SETTLED = frozenset({TableStatus.SUCCEEDED, TableStatus.FAILED, TableStatus.PART
 
 
 class ErrorKind(StrEnum):
-    """``error.kind`` of a run, an attempt or a table: what went wrong, in one word. The
-    connector's errors (``connectors.errors``) carry the first seven as their ``kind``."""
+    """``error.kind`` of any kind of work (a run, a table of it, an application job, an
+    ingestion): what went wrong, in one word. The connector's errors (``connectors.errors``)
+    carry the first seven as their ``kind``."""
 
     ERROR = "error"  # a connector error of no more precise kind
     RETRYABLE = "retryable"  # a transient fault of the provider
@@ -78,6 +79,7 @@ class ErrorKind(StrEnum):
     AUTH = "auth"  # the credentials were refused: the connection is disconnected
     CONFIG = "config"  # the connection's config or credentials do not validate
     RECORD = "record"  # Postgres refused a record or a value (data error, constraint)
+    DOCUMENT = "document"  # a file that cannot be indexed: unreadable, or an archive refused
     DATABASE = "database"  # a database error the next attempt may not meet
     INTERNAL = "internal"  # a bug: an unexpected exception
     TIMEOUT = "timeout"  # the run exceeded its timeout
@@ -109,9 +111,10 @@ RETRYABLE_KINDS = frozenset(
 
 
 @dataclass(frozen=True)
-class RunError:
-    """What went wrong with a run, an attempt or one table (or partition) of it, as stored in
-    their ``error`` column: a kind, a message for people, and where it happened."""
+class JobError:
+    """What went wrong with an attempt of any kind of work (a run, one table or partition of
+    it, an application job, an ingestion), as stored in their ``error`` column: a kind, a
+    message for people, and, for a run, where it happened."""
 
     kind: ErrorKind
     message: str
@@ -120,13 +123,13 @@ class RunError:
     partition: str | None = None
 
     @classmethod
-    def of(cls, exc: ConnectorError) -> RunError:
-        """The error a connector raised, as the run records it."""
+    def of(cls, exc: ConnectorError) -> JobError:
+        """The error a connector raised, as the attempt records it."""
         retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
         return cls(ErrorKind.of(exc), exc.message, retry_after)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> RunError:
+    def from_json(cls, data: Mapping[str, Any]) -> JobError:
         """Read back what :meth:`to_json` stored (a kind this version does not know reads as
         ``error``)."""
         kind = str(data.get("kind"))
@@ -140,7 +143,7 @@ class RunError:
         )
 
     @classmethod
-    def parse(cls, data: Mapping[str, Any] | None) -> RunError | None:
+    def parse(cls, data: Mapping[str, Any] | None) -> JobError | None:
         return cls.from_json(data) if data else None
 
     def to_json(self) -> dict[str, Any]:
@@ -151,7 +154,7 @@ class RunError:
                 out[name] = value
         return out
 
-    def with_message(self, message: str) -> RunError:
+    def with_message(self, message: str) -> JobError:
         return replace(self, message=message)
 
     @property

@@ -80,7 +80,7 @@ class CountingEmbedder:
 def worker_with(engine: Engine, embedder: CountingEmbedder | None = None) -> Worker:
     worker = engine.worker(listen=False)
     if embedder is not None:
-        worker.ingestions.embedder = embedder
+        worker.slot("ingestion").kind.embedder = embedder
     return worker
 
 
@@ -105,5 +105,5 @@ def stored_chunks(admin: psycopg.Connection[Any], document_id: int) -> list[tupl
 def without_ingestions(worker: Worker) -> Worker:
     """The worker with its ingestion stage left out: it only syncs (and the test decides
     which worker ingests what)."""
-    worker._stages = [(name, stage) for name, stage in worker._stages if name != "ingestions"]
+    worker._stages = [(name, stage) for name, stage in worker._stages if name != "ingestion"]
     return worker

@@ -8,7 +8,7 @@ from typing import Any
 import connectors
 from connectors import Connector, Table, register
 from sync import Engine
-from sync.vocabulary import ErrorKind, RunError
+from sync.vocabulary import ErrorKind, JobError
 from tests.conftest import direct_only
 from tests.fakes import MemoryConfig
 from tests.test_sync_flow import items, live, new_dataset, sync_once
@@ -63,7 +63,7 @@ def test_an_unexpected_exception_is_retried_with_a_clear_error(engine: Engine, a
         conn = engine.create_connection(ws.id, "x", "exploding", config={"dataset": key})
         run = sync_once(engine, conn.id)
         assert run.status == "queued"  # unexpected errors are retried, like River and Oban do
-        assert run.error == RunError(
+        assert run.error == JobError(
             ErrorKind.INTERNAL, "unexpected error: KeyError: 'surprise'", table="items"
         )
         # The row read before the error is kept.

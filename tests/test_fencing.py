@@ -17,9 +17,10 @@ from connectors import Checkpoint, Deletions, Mode, Table
 from sync import Engine
 from sync.base.abort import AbortReason, AbortSignal
 from sync.errors import LeaseLost
-from sync.jobs.lease import Lease, read_run_control, renew_run
+from sync.runs.kind import read_run_control, renew_run
 from sync.runs.records import RecordWriter
 from sync.runs.tombstones import TombstonePass
+from sync.store import Lease
 from sync.store.queries import QUERIES
 from tests.cli_backends import WorkerProcess
 from tests.conftest import make_settings

@@ -13,16 +13,17 @@ from typing import Any
 import psycopg
 import pytest
 
-from connectors import RetryableError
+from connectors import RateLimited, RetryableError
 from sync import Engine
 from sync.base.abort import AbortReason
 from sync.documents import HashingEmbedder
 from sync.errors import Conflict, InvalidInput, NotFound
-from sync.ingestions import stage as stage_module
 from sync.ingestions import store
-from sync.ingestions.decisions import Next, after_failure
+from sync.ingestions.decisions import FAILED, after_failure
+from sync.jobs.outcome import Action, Outcome
 from sync.store.queries import parse
 from sync.store.sqlfiles import sql_dir
+from sync.vocabulary import ErrorKind
 from tests.conftest import make_settings
 from tests.ingestion_support import (
     CountingEmbedder,
@@ -33,7 +34,6 @@ from tests.ingestion_support import (
     write_text,
 )
 from tests.test_queries import _PLACEHOLDER as PLACEHOLDER
-from tests.test_sync_flow import items, new_dataset
 
 
 @pytest.fixture
@@ -117,7 +117,9 @@ def test_a_shutdown_hands_it_back_without_spending_an_attempt(
     path = write_text(tmp_path / "long.txt", paragraphs=120)
     ingestion = engine.ingest(path, ws.id)
     worker = worker_with(engine)
-    worker.ingestions.embedder = CountingEmbedder(before=lambda n: n == 3 and worker.stop())
+    worker.slot("ingestion").kind.embedder = CountingEmbedder(
+        before=lambda n: n == 3 and worker.stop()
+    )
     try:
         assert worker.poll()
     finally:
@@ -135,7 +137,7 @@ def test_a_shutdown_hands_it_back_without_spending_an_attempt(
         again.close()
     done = engine.ingestion(ingestion.id)
     assert done.status == "ready" and done.attempts == 1
-    resumed = again.ingestions.embedder
+    resumed = again.slot("ingestion").kind.embedder
     assert isinstance(resumed, CountingEmbedder)
     assert resumed.embedded == (done.total_units or 0) - 60
 
@@ -147,7 +149,9 @@ def test_an_attempt_with_another_model_starts_again_at_chunk_0(
     ws = engine.create_workspace("docs")
     ingestion = engine.ingest(write_text(tmp_path / "long.txt", paragraphs=120), ws.id)
     worker = worker_with(engine)
-    worker.ingestions.embedder = CountingEmbedder(before=lambda n: n == 3 and worker.stop())
+    worker.slot("ingestion").kind.embedder = CountingEmbedder(
+        before=lambda n: n == 3 and worker.stop()
+    )
     try:
         assert worker.poll()
     finally:
@@ -374,39 +378,19 @@ def test_search_sees_ready_documents_of_its_own_workspace_only(
 
 
 def test_what_is_decided_after_a_failure() -> None:
-    retry = after_failure(RetryableError("503"), attempts=1, max_attempts=3, rand=lambda: 0.5)
-    assert (retry.next, retry.delay, retry.spend_attempt) == (Next.REQUEUE, 5.0, True)
-    last = after_failure(RetryableError("503"), attempts=3, max_attempts=3)
-    assert last.next is Next.FAIL and last.error["message"].startswith("gave up after 3")
-    db = after_failure(psycopg.OperationalError("gone"), attempts=1, max_attempts=3)
-    assert db.next is Next.REQUEUE and db.error["kind"] == "database"
-    assert os.linesep not in db.error["message"]
+    def after(exc: Exception, attempts: int) -> Outcome:
+        return after_failure(exc, abort=None, attempts=attempts, max_attempts=3, rand=lambda: 0.5)
 
-
-def test_a_worker_busy_with_runs_looks_for_ingestions_at_most_once_a_second(
-    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(stage_module, "LOOK_EVERY_WHILE_BUSY", 3600.0)  # no clock involved
-    key, _ = new_dataset(items=items(3))
-    ws = engine.create_workspace("docs")
-    connections = [
-        engine.create_connection(ws.id, f"mem{i}", "memory", config={"dataset": key}).id
-        for i in range(2)
-    ]
-    worker = worker_with(engine)
-    try:
-        engine.sync(connections[0])
-        first = engine.ingest(write_text(tmp_path / "a.txt", paragraphs=3), ws.id)
-        assert worker.poll()  # a run, and the first look: the ingestion
-        assert engine.ingestion(first.id).status == "ready"
-        engine.sync(connections[1])
-        second = engine.ingest(write_text(tmp_path / "b.txt", paragraphs=3), ws.id)
-        assert worker.poll()  # another run: no look this time
-        assert engine.ingestion(second.id).status == "queued"
-        assert worker.poll()  # no run: an idle poll always looks
-        assert engine.ingestion(second.id).status == "ready"
-    finally:
-        worker.close()
+    retry = after(RetryableError("503"), 1)
+    assert (retry.action, retry.delay) == (Action.REQUEUE, 5.0)
+    last = after(RetryableError("503"), 3)
+    assert last.status == FAILED and last.error is not None
+    assert last.error.message.startswith("gave up after 3")
+    limited = after(RateLimited("429", retry_after=40.0), 3)
+    assert (limited.action, limited.delay) == (Action.WAIT, 40.0)  # no attempt spent
+    db = after(psycopg.OperationalError("gone"), 1)
+    assert db.action is Action.REQUEUE and db.error is not None
+    assert db.error.kind is ErrorKind.DATABASE and os.linesep not in db.error.message
 
 
 def test_every_ingestion_statement_says_what_it_protects_and_prepares(

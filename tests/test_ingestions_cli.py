@@ -169,8 +169,8 @@ def test_describe_ingestion() -> None:
         "running attempt 2 of 3: 600 of 1,000 chunks, cancel requested"
     )
     failed = _ingestion(
-        status=IngestionStatus.FAILED, error={"kind": "archive_refused", "message": "a.zip: bomb"}
+        status=IngestionStatus.FAILED, error={"kind": "document", "message": "a.zip: bomb"}
     )
     assert describe_ingestion(failed, workers_alive=1, now=now) == (
-        "failed: archive_refused: a.zip: bomb"
+        "failed: document: a.zip: bomb"
     )

@@ -167,7 +167,7 @@ def test_an_endpoint_embeds_the_chunks_and_the_queries_and_its_429_requeues(
             assert waiting.status == "queued" and waiting.attempts == 0
             assert waiting.error is not None and waiting.error["kind"] == "rate_limited"
             assert 110 <= (waiting.queued_at - before).total_seconds() <= 130
-            blocked = worker.ingestions.endpoint.rate_limited_until()
+            blocked = worker.slot("ingestion").kind.endpoint.rate_limited_until()
             assert blocked is not None and 110 <= (blocked - before).total_seconds() <= 130
         finally:
             worker.close()

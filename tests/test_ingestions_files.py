@@ -189,7 +189,7 @@ def test_a_file_that_moves_while_indexed_is_not_ready_under_its_old_scope(
                 assert run_sync(engine, conn, worker=syncer).status == "succeeded"
 
         indexer = worker_with(engine, CountingEmbedder(before=move_at))
-        indexer.ingestions.limits = DocumentLimits(chunk_chars=300, chunk_overlap=50)
+        indexer.slot("ingestion").kind.limits = DocumentLimits(chunk_chars=300, chunk_overlap=50)
         try:
             assert indexer.poll()
         finally:
@@ -256,14 +256,14 @@ def test_unsafe_archives_are_refused_and_the_worker_keeps_serving(
     refused = engine.ingest(archive, ws.id)
     fine = engine.ingest(write_text(tmp_path / "after.txt", paragraphs=3), ws.id)
     worker = worker_with(engine)
-    worker.ingestions.limits = DocumentLimits(archive_max_total_bytes=300_000)
+    worker.slot("ingestion").kind.limits = DocumentLimits(archive_max_total_bytes=300_000)
     try:
         drain(worker)
     finally:
         worker.close()
     done = engine.ingestion(refused.id)
     assert (done.kind, done.status, done.attempts) == ("archive", "failed", 1)
-    assert done.error == {"kind": "archive_refused", "message": message}
+    assert done.error == {"kind": "document", "message": message}
     assert engine.ingestions(archive_id=refused.id) == []  # nothing of it was queued
     assert engine.ingestion(fine.id).status == "ready"
 

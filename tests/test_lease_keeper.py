@@ -16,9 +16,12 @@ import pytest
 
 from sync import Engine
 from sync.base.abort import AbortReason, AbortSignal
-from sync.jobs.lease import JOBS, Control, Lease, LeaseKeeper, LeaseKind, Terms
+from sync.jobs.lease import Control, LeaseKeeper, LeaseKind, Terms
 from sync.queues import queue_spec
+from sync.queues.kind import JOB_LEASES as JOBS
 from sync.queues.postgres import PostgresQueues
+from sync.runs.kind import RUN_LEASES
+from sync.store import Lease
 from sync.store.db import Connection, connect
 from tests.conftest import direct_only
 from tests.test_fencing import claim
@@ -118,7 +121,7 @@ def test_many_leases_of_two_kinds_are_renewed_and_only_a_lost_one_stops(
     keep, ticks = keeper
     runs = claimed_runs(engine, 3)
     jobs = probes(admin, 4)
-    watches = [keep.watch(lease, AbortSignal(), terms=QUICK) for lease in runs]
+    watches = [keep.watch(lease, AbortSignal(), kind=RUN_LEASES, terms=QUICK) for lease in runs]
     watches += [keep.watch(lease, AbortSignal(), kind=PROBE, terms=QUICK) for lease in jobs]
     assert keep.watched == 7
 
@@ -164,7 +167,7 @@ def test_a_cut_connection_is_reopened_and_no_lease_is_lost(
 ) -> None:
     keep, ticks = keeper
     terms = Terms(lease_seconds=3, control_interval=0.05, timeout_seconds=60)
-    watch = keep.watch(claimed_runs(engine, 1)[0], AbortSignal(), terms=terms)
+    watch = keep.watch(claimed_runs(engine, 1)[0], AbortSignal(), kind=RUN_LEASES, terms=terms)
     ticks.wait_until(lambda: watch.renewals >= 1)
     cut = admin.execute(
         "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity "
@@ -195,7 +198,7 @@ def test_the_keeper_never_touches_the_workers_pool(engine: Engine) -> None:
     held = [engine.pool.getconn() for _ in range(engine.pool.max_size)]
     try:
         keep.start()
-        watch = keep.watch(lease, AbortSignal(), terms=QUICK)
+        watch = keep.watch(lease, AbortSignal(), kind=RUN_LEASES, terms=QUICK)
         ticks.wait_until(lambda: watch.renewals >= 3)
         assert not watch.abort.is_set
         assert len(opened) == 1

@@ -10,11 +10,13 @@ from croniter import croniter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sync.jobs.outcome import DEFAULT_JITTER as JITTER
+from sync.jobs.outcome import Action, Backoff
 from sync.queues.admission import WHOLE_QUEUE, due_time, singleton_slot
 from sync.queues.cron import firing, latest_tick, next_tick, parse_cron
 from sync.queues.declarations import QueueSpec
-from sync.queues.models import AttemptOutcome, QueuePolicy
-from sync.queues.retries import JITTER, Fate, fate_after, retry_delay
+from sync.queues.models import AttemptOutcome, JobStatus, QueuePolicy
+from sync.queues.retries import COMPLETE, DEAD, fate_after
 
 unit = st.floats(min_value=0.0, max_value=1.0, exclude_max=True)
 seconds = st.floats(min_value=0.001, max_value=86400.0)
@@ -26,7 +28,7 @@ def delays(draw: st.DrawFn) -> tuple[float, float]:
     return base, draw(st.floats(min_value=base, max_value=30 * 86400.0))
 
 
-# Retry delays
+# Retry delays: the one backoff, doubling from a queue's retry_delay up to its ceiling
 
 
 @given(failures=st.integers(min_value=-5, max_value=10**9), bounds=delays(), r=unit)
@@ -34,7 +36,7 @@ def test_a_retry_delay_is_positive_and_never_past_the_ceiling(
     failures: int, bounds: tuple[float, float], r: float
 ) -> None:
     base, ceiling = bounds
-    delay = retry_delay(failures, base=base, ceiling=ceiling, rand=lambda: r)
+    delay = Backoff(base=base, ceiling=ceiling).delay(failures, lambda: r)
     assert (1 - JITTER) * base <= delay <= ceiling
 
 
@@ -43,8 +45,8 @@ def test_a_retry_delay_doubles_until_it_reaches_the_ceiling(
     failures: int, bounds: tuple[float, float], r: float
 ) -> None:
     base, ceiling = bounds
-    this = retry_delay(failures, base=base, ceiling=ceiling, rand=lambda: r)
-    after = retry_delay(failures + 1, base=base, ceiling=ceiling, rand=lambda: r)
+    this = Backoff(base=base, ceiling=ceiling).delay(failures, lambda: r)
+    after = Backoff(base=base, ceiling=ceiling).delay(failures + 1, lambda: r)
     doubled = base * 2.0 ** (failures - 1)
     if doubled * 2 * (1 + JITTER) <= ceiling:  # both below the ceiling: exactly twice
         assert after == pytest.approx(2 * this)
@@ -60,12 +62,12 @@ def test_past_the_ceiling_a_delay_is_the_ceiling_less_its_jitter(
     base, ceiling = bounds
     if failures <= 64 and base * 2.0 ** (failures - 1) < ceiling:
         return
-    delay = retry_delay(failures, base=base, ceiling=ceiling, rand=lambda: r)
+    delay = Backoff(base=base, ceiling=ceiling).delay(failures, lambda: r)
     assert (1 - JITTER) * ceiling <= delay <= ceiling
 
 
 def test_jitter_spreads_delays_that_would_be_equal() -> None:
-    spread = {retry_delay(3, base=5, ceiling=600, rand=lambda r=r: r) for r in (0.0, 0.5, 0.99)}
+    spread = {Backoff(base=5, ceiling=600).delay(3, lambda r=r: r) for r in (0.0, 0.5, 0.99)}
     assert sorted(spread) == pytest.approx([16.0, 20.0, 23.92])
 
 
@@ -84,7 +86,8 @@ queues = st.builds(
 @given(queue=queues, attempts=st.integers(min_value=1, max_value=100), r=unit)
 def test_a_completed_attempt_completes_the_job(queue: QueueSpec, attempts: int, r: float) -> None:
     decision = fate_after(AttemptOutcome.COMPLETED, attempts=attempts, queue=queue, rand=lambda: r)
-    assert decision.fate is Fate.COMPLETE
+    assert decision == COMPLETE
+    assert (decision.action, decision.status) == (Action.FINISH, JobStatus.COMPLETED)
 
 
 @given(queue=queues, attempts=st.integers(min_value=1, max_value=100), r=unit)
@@ -93,13 +96,14 @@ def test_a_failed_attempt_is_retried_until_the_limit_then_dead_lettered(
 ) -> None:
     decision = fate_after(AttemptOutcome.FAILED, attempts=attempts, queue=queue, rand=lambda: r)
     if attempts <= queue.retry_limit:
-        assert decision.fate is Fate.RETRY
-        expected = retry_delay(
-            attempts, base=queue.retry_delay, ceiling=queue.retry_ceiling, rand=lambda: r
+        assert decision.action is Action.REQUEUE
+        expected = Backoff(base=queue.retry_delay, ceiling=queue.retry_ceiling).delay(
+            attempts, lambda: r
         )
         assert decision.delay == expected
     else:
-        assert decision.fate is Fate.DEAD
+        assert decision == DEAD
+        assert (decision.action, decision.status) == (Action.FINISH, JobStatus.DEAD)
 
 
 @given(queue=queues, attempts=st.integers(min_value=1, max_value=100))
@@ -108,9 +112,9 @@ def test_an_expired_attempt_is_retried_at_once_until_the_limit(
 ) -> None:
     decision = fate_after(AttemptOutcome.EXPIRED, attempts=attempts, queue=queue)
     if attempts <= queue.retry_limit:
-        assert (decision.fate, decision.delay) == (Fate.RETRY, 0.0)
+        assert (decision.action, decision.delay) == (Action.REQUEUE, 0.0)
     else:
-        assert decision.fate is Fate.DEAD
+        assert decision == DEAD
 
 
 @given(queue=queues, outcomes=st.lists(st.sampled_from(["failed", "expired"]), min_size=200))
@@ -120,7 +124,7 @@ def test_a_job_that_always_fails_gets_exactly_its_attempts(
     attempts = 0
     for outcome in outcomes:
         attempts += 1
-        if fate_after(AttemptOutcome(outcome), attempts=attempts, queue=queue).fate is Fate.DEAD:
+        if fate_after(AttemptOutcome(outcome), attempts=attempts, queue=queue) == DEAD:
             break
     assert attempts == queue.retry_limit + 1
 

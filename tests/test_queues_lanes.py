@@ -23,11 +23,12 @@ from sync import Engine
 from sync.errors import InvalidInput
 from sync.jobs.lease import LeaseKeeper
 from sync.queues import Abort, Job, JobStatus, QueuePolicy, queue_spec
+from sync.queues.kind import Completions
 from sync.queues.postgres import PostgresQueues
 from sync.store.db import connect, listen_url
 from sync.worker import Listener
-from sync.worker.slots import Completions, Lanes
 from tests.conftest import make_settings
+from tests.lanes_support import Lanes
 from tests.test_lease_keeper import Ticks
 from tests.waiting import poll_until, until
 
@@ -88,7 +89,7 @@ def test_a_process_without_lanes_registers_no_handler_and_claims_nothing(
 
     worker = engine.worker(worker_id="replica", listen=False)
     try:
-        assert worker._lanes is None
+        assert [s for s in worker.slots if s.kind.name == "job"] == []
         assert worker.poll() is False
     finally:
         worker.close()
@@ -254,7 +255,7 @@ def test_lanes_of_a_batch_handler_each_claim_and_complete_a_batch_in_one_stateme
         # batches' completions may share one): each shares its transaction's now().
         assert len({by_job[i]["started_at"] for i in batch}) == 1
         assert len({by_job[i]["finished_at"] for i in batch}) == 1
-    assert lanes.attempts_run == 8
+    assert lanes.units_run == 2  # a batch each
 
 
 def _spawn(schema: str, worker_id: str, lease: float) -> subprocess.Popen[str]:
@@ -361,12 +362,11 @@ def test_completions_wait_for_others_to_share_their_statement(engine: Engine) ->
     assert sorted(a.job.id for a in attempts) == ids
 
     completions = Completions(queues, delay=3600.0)
-    completions.start()
     try:
-        completions.submit(attempts[0])
+        completions.submit_many([attempts[0]])
         assert completions.collecting.wait_for(1)  # the first came; the thread waits for more
-        completions.submit(attempts[1])
-        completions.submit(attempts[2])
+        completions.submit_many([attempts[1]])
+        completions.submit_many([attempts[2]])
     finally:
         completions.stop()
     assert completions.flushes == 1

@@ -11,9 +11,8 @@ from connectors import Mode, Position, Table
 from sync import Engine
 from sync.base.abort import AbortSignal
 from sync.errors import LeaseLost
-from sync.jobs.lease import Lease
 from sync.runs.records import APPEND_FROM, RecordWriter
-from sync.store import TableWrites
+from sync.store import Lease, TableWrites
 from tests.test_fencing import claim
 from tests.test_sync_flow import items, new_dataset, sync_once, tombstoned
 

@@ -22,7 +22,8 @@ from connectors import RateLimited, RetryableError
 from connectors.simulated.server import Simulation, start_server
 from sync import Engine
 from sync.cli.commands import describe_progress
-from sync.jobs.lease import Lease, renew_run
+from sync.runs.kind import renew_run
+from sync.store import Lease
 from sync.testing import make_run_due, run_sync
 from tests.conftest import make_settings
 from tests.fakes import DATASETS

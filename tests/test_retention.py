@@ -15,7 +15,7 @@ from sync import Engine
 from sync.cli import main
 from sync.store import RunStore
 from sync.store.queries import QUERIES
-from sync.worker.services import Kind
+from sync.worker.services import Retained
 from tests.conftest import DATABASE_URL, make_settings
 from tests.waiting import wait_until_blocked
 
@@ -173,16 +173,16 @@ def test_prune_deletes_exactly_what_the_rules_say(
     report = engine.prune()
 
     expected = {
-        Kind.RUNS: len(history["doomed"]),
-        Kind.ATTEMPTS: 2 * len(history["doomed"]),
-        Kind.SEEN_KEYS: 5,
-        Kind.WORKERS: 2,
-        Kind.RATE_BUDGETS: 1,
-        Kind.HTTP_CACHE: 1,
-        Kind.JOBS: 0,
-        Kind.JOB_ATTEMPTS: 0,
-        Kind.INGESTIONS: 0,
-        Kind.TOMBSTONES: 0,
+        Retained.RUNS: len(history["doomed"]),
+        Retained.ATTEMPTS: 2 * len(history["doomed"]),
+        Retained.SEEN_KEYS: 5,
+        Retained.WORKERS: 2,
+        Retained.RATE_BUDGETS: 1,
+        Retained.HTTP_CACHE: 1,
+        Retained.JOBS: 0,
+        Retained.JOB_ATTEMPTS: 0,
+        Retained.INGESTIONS: 0,
+        Retained.TOMBSTONES: 0,
     }
     assert report.deleted == expected
     assert dry.deleted == expected and dry.dry_run and not report.dry_run
@@ -212,8 +212,8 @@ def test_old_tombstones_go_only_when_tombstone_days_is_set(
 ) -> None:
     with Engine(make_settings(schema, tombstone_days=30)) as keeping_30_days:
         dry = keeping_30_days.prune(dry_run=True)
-        assert dry.deleted[Kind.TOMBSTONES] == 1
-        assert keeping_30_days.prune().deleted[Kind.TOMBSTONES] == 1
+        assert dry.deleted[Retained.TOMBSTONES] == 1
+        assert keeping_30_days.prune().deleted[Retained.TOMBSTONES] == 1
     assert ids(admin, "SELECT external_id FROM records") == {"gone-1-day", "live"}
 
 
@@ -239,8 +239,8 @@ def test_a_pass_deletes_in_bounded_batches_and_walks_each_run_once(
     )
     with Engine(make_settings(schema, retention_batch=7, history_keep_runs=20)) as small:
         report = small.prune()
-    assert report.deleted[Kind.RUNS] == 30
-    assert report.deleted[Kind.HTTP_CACHE] == 20
+    assert report.deleted[Retained.RUNS] == 30
+    assert report.deleted[Retained.HTTP_CACHE] == 20
     # 90 runs walked 7 at a time: 13 statements (the 13th finds the last 6 and ends the walk),
     # the cache entries in 3 (7, 7, 6), then one each for seen keys, workers, rate budgets,
     # jobs and ingestions, each finding less than a batch.
@@ -275,7 +275,7 @@ def test_an_etag_cache_entry_asked_for_is_marked_used_at_most_once_an_hour(
     # ago and is left as it was (no write for every 304).
     assert unused["old"] < timedelta(minutes=1)
     assert timedelta(minutes=29) < unused["recent"] < timedelta(minutes=31)
-    assert engine.prune().deleted[Kind.HTTP_CACHE] == 0
+    assert engine.prune().deleted[Retained.HTTP_CACHE] == 0
 
 
 def test_keeping_no_runs_deletes_every_old_one(schema: str, engine: Engine, admin: Any) -> None:
@@ -286,7 +286,7 @@ def test_keeping_no_runs_deletes_every_old_one(schema: str, engine: Engine, admi
     add_runs(admin, 1, 5, age="40 days")
     recent = add_runs(admin, 1, 2, age="1 day")
     with Engine(make_settings(schema, history_keep_runs=0, history_days=7)) as engine_7_days:
-        assert engine_7_days.prune().deleted[Kind.RUNS] == 5
+        assert engine_7_days.prune().deleted[Retained.RUNS] == 5
     assert remaining_runs(admin) == set(recent)
 
 
@@ -309,7 +309,7 @@ def test_a_run_retried_while_the_pass_deletes_it_is_kept(
         pruning.start()
         wait_until_blocked(engine.settings.schema_name)
     pruning.join(60)
-    assert outcome["report"].deleted[Kind.RUNS] == len(history["doomed"]) - 1
+    assert outcome["report"].deleted[Retained.RUNS] == len(history["doomed"]) - 1
     assert target in remaining_runs(admin)
     assert len(ids(admin, f"SELECT id FROM run_attempts WHERE run_id = {target}")) == 2
 
@@ -404,13 +404,13 @@ def test_finished_jobs_and_ingestions_go_by_their_rules(
 
     report = engine.prune()
     for counted in (dry, report):
-        assert counted.deleted[Kind.JOBS] == len(h["jobs_doomed"])
-        assert counted.deleted[Kind.JOB_ATTEMPTS] == 2 * len(h["jobs_doomed"])
-        assert counted.deleted[Kind.INGESTIONS] == len(h["ingestions_doomed"])
+        assert counted.deleted[Retained.JOBS] == len(h["jobs_doomed"])
+        assert counted.deleted[Retained.JOB_ATTEMPTS] == 2 * len(h["jobs_doomed"])
+        assert counted.deleted[Retained.INGESTIONS] == len(h["ingestions_doomed"])
     assert ids(admin, "SELECT id FROM jobs") == h["jobs_kept"]
     assert ids(admin, "SELECT job_id FROM job_attempts") == h["jobs_kept"]  # with their jobs
     assert ids(admin, "SELECT id FROM ingestions") == h["ingestions_kept"]
-    assert engine.prune().deleted[Kind.JOBS] == 0
+    assert engine.prune().deleted[Retained.JOBS] == 0
 
 
 def test_jobs_and_ingestions_go_in_bounded_batches(
@@ -419,8 +419,8 @@ def test_jobs_and_ingestions_go_in_bounded_batches(
     with Engine(make_settings(schema, retention_batch=2)) as small:
         report = small.prune()
     h = jobs_and_ingestions
-    assert report.deleted[Kind.JOBS] == len(h["jobs_doomed"]) == 6
-    assert report.deleted[Kind.INGESTIONS] == len(h["ingestions_doomed"]) == 6
+    assert report.deleted[Retained.JOBS] == len(h["jobs_doomed"]) == 6
+    assert report.deleted[Retained.INGESTIONS] == len(h["ingestions_doomed"]) == 6
     # Per kind, batches of 2 until one finds less than 2: 4 statements for 6 rows (the last
     # finds none), 1 each for the empty kinds; finished runs: one walk of none.
     assert report.statements == 1 + 1 + 1 + 1 + 1 + 4 + 4

@@ -134,8 +134,8 @@ def test_cancel_a_running_run_ends_it_at_the_next_control_check(schema: str, adm
                 started.set()
                 # The run stays at row 5 until its abort signal trips: only the lease keeper's
                 # control read, finding the cancel request, can trip it here.
-                abort = worker._executor.current
-                assert abort is not None and abort.wait(30)
+                (abort,) = worker._executor.running()
+                assert abort.wait(30)
 
         data.before_row["items"] = held
         ws = engine.create_workspace("acme")

@@ -1,5 +1,5 @@
-"""Property tests of the pure decisions: backoff bounds, what a database error means (the same
-for a run and an ingestion), and a run's fate after an attempt."""
+"""Property tests of the pure decisions: the one backoff's bounds, what a database error means
+(the same for a run and an ingestion), and a run's fate after an attempt."""
 
 from __future__ import annotations
 
@@ -12,19 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sync.base.abort import AbortReason
-from sync.ingestions.decisions import Next, after_failure
-from sync.jobs.outcome import (
-    Action,
-    TableResult,
-    Waiting,
-    backoff_delay,
-    database_error,
-    decide,
-    merged,
-    ordinal,
-    table_status,
-)
-from sync.vocabulary import ErrorKind, RunError, RunStatus, TableStatus
+from sync.ingestions.decisions import FAILED, after_failure
+from sync.jobs.outcome import Action, Backoff, database_error
+from sync.runs.decide import TableResult, Waiting, decide, merged, ordinal, table_status
+from sync.vocabulary import ErrorKind, JobError, RunStatus, TableStatus
 
 SCHEDULE = (5.0, 30.0, 120.0)
 unit = st.floats(min_value=0.0, max_value=1.0, exclude_max=True)
@@ -33,8 +24,24 @@ unit = st.floats(min_value=0.0, max_value=1.0, exclude_max=True)
 @given(attempt=st.integers(min_value=-3, max_value=50), r=unit)
 def test_backoff_stays_within_the_jitter_window(attempt: int, r: float) -> None:
     base = SCHEDULE[min(max(attempt, 1), 3) - 1]
-    delay = backoff_delay(attempt, SCHEDULE, 0.2, lambda: r)
+    delay = Backoff(SCHEDULE, jitter=0.2).delay(attempt, lambda: r)
     assert base * 0.8 <= delay <= base * 1.2
+
+
+@given(
+    failures=st.integers(min_value=-5, max_value=10**9),
+    base=st.floats(min_value=0.001, max_value=86400.0),
+    extra=st.floats(min_value=0.0, max_value=30 * 86400.0),
+    r=unit,
+)
+def test_a_doubling_backoff_starts_at_its_base_and_never_passes_its_ceiling(
+    failures: int, base: float, extra: float, r: float
+) -> None:
+    ceiling = base + extra
+    delay = Backoff(base=base, ceiling=ceiling).delay(failures, lambda: r)
+    assert 0.8 * base <= delay <= ceiling
+    if failures <= 1:
+        assert delay <= 1.2 * base
 
 
 # Every SQLSTATE psycopg knows a class for.
@@ -64,32 +71,37 @@ def test_a_database_error_means_the_same_for_a_run_and_an_ingestion(
     assert error.is_retryable is not refused
     assert error.kind is (ErrorKind.RECORD if refused else ErrorKind.DATABASE)
 
-    ingestion = after_failure(exc, attempts=attempts, max_attempts=max_attempts, rand=lambda: r)
+    ingestion = after_failure(
+        exc, abort=None, attempts=attempts, max_attempts=max_attempts, rand=lambda: r
+    )
     run = decide({}, attempts=attempts, max_attempts=max_attempts, run_error=error, rand=lambda: r)
-    assert ingestion.error["kind"] == error.kind.value
+    assert ingestion.error is not None and ingestion.error.kind is error.kind
     if refused or attempts >= max_attempts:
-        assert ingestion.next is Next.FAIL
+        assert (ingestion.action, ingestion.status) == (Action.FINISH, FAILED)
         assert (run.action, run.status) == (Action.FINISH, RunStatus.FAILED)
     else:
-        assert ingestion.next is Next.REQUEUE and ingestion.spend_attempt
+        assert ingestion.action is Action.REQUEUE
         assert run.action is Action.REQUEUE and run.delay == ingestion.delay
-        assert ingestion.delay == backoff_delay(attempts, rand=lambda: r)
+        assert ingestion.delay == Backoff(SCHEDULE).delay(attempts, lambda: r)
 
 
 def test_transient_database_errors_are_retried_and_a_check_violation_is_not() -> None:
     for transient in ("40001", "40P01", "55P03", "08006", "57P01"):
         assert database_error(psycopg.errors.lookup(transient)()).is_retryable, transient
     check = database_error(psycopg.errors.CheckViolation("new row violates check constraint"))
-    assert check == RunError(
+    assert check == JobError(
         ErrorKind.RECORD, "Postgres rejected a value: new row violates check constraint"
     )
-    later = after_failure(psycopg.errors.CheckViolation("no"), attempts=1, max_attempts=3)
-    assert later.next is Next.FAIL and later.error["kind"] == "record"
+    later = after_failure(
+        psycopg.errors.CheckViolation("no"), abort=None, attempts=1, max_attempts=3
+    )
+    assert later.status == FAILED and later.error is not None
+    assert later.error.kind is ErrorKind.RECORD
 
 
 @given(r=unit)
 def test_backoff_grows_with_attempts(r: float) -> None:
-    delays = [backoff_delay(a, SCHEDULE, 0.2, lambda: r) for a in (1, 2, 3)]
+    delays = [Backoff(SCHEDULE).delay(a, lambda: r) for a in (1, 2, 3)]
     assert delays == sorted(delays)
 
 
@@ -97,12 +109,12 @@ statuses = st.sampled_from(list(TableStatus))
 errors = st.one_of(
     st.none(),
     st.builds(
-        RunError,
+        JobError,
         kind=st.sampled_from([ErrorKind.RETRYABLE, ErrorKind.PERMANENT, ErrorKind.RECORD]),
         message=st.text(max_size=20),
     ),
     st.builds(
-        RunError,
+        JobError,
         kind=st.just(ErrorKind.RATE_LIMITED),
         message=st.just("429"),
         retry_after=st.floats(min_value=0, max_value=86400),
@@ -175,10 +187,10 @@ def test_a_permanent_run_error_fails_at_once_even_with_attempts_left() -> None:
         {"items": TableResult(TableStatus.PENDING)},
         attempts=1,
         max_attempts=3,
-        run_error=RunError(ErrorKind.AUTH, "401"),
+        run_error=JobError(ErrorKind.AUTH, "401"),
     )
     assert (outcome.action, outcome.status) == (Action.FINISH, RunStatus.FAILED)
-    assert outcome.error == RunError(ErrorKind.AUTH, "401")
+    assert outcome.error == JobError(ErrorKind.AUTH, "401")
 
 
 def test_a_retryable_run_error_is_retried() -> None:
@@ -186,7 +198,7 @@ def test_a_retryable_run_error_is_retried() -> None:
         {},
         attempts=1,
         max_attempts=3,
-        run_error=RunError(ErrorKind.INTERNAL, "boom"),
+        run_error=JobError(ErrorKind.INTERNAL, "boom"),
         rand=lambda: 0.5,
     )
     assert outcome.action is Action.REQUEUE and outcome.delay == 5.0
@@ -198,7 +210,7 @@ START = datetime(2024, 5, 6, 10, 0, tzinfo=UTC)
 def rate_limited(retry_after: float | None) -> TableResult:
     return TableResult(
         TableStatus.RETRY,
-        error=RunError(ErrorKind.RATE_LIMITED, "429", retry_after=retry_after),
+        error=JobError(ErrorKind.RATE_LIMITED, "429", retry_after=retry_after),
     )
 
 
@@ -237,7 +249,7 @@ def test_a_failure_beside_a_rate_limit_spends_an_attempt() -> None:
     outcome = decide(
         {
             "issues": rate_limited(600),
-            "pulls": TableResult(TableStatus.RETRY, error=RunError(ErrorKind.RETRYABLE, "502")),
+            "pulls": TableResult(TableStatus.RETRY, error=JobError(ErrorKind.RETRYABLE, "502")),
         },
         attempts=1,
         max_attempts=3,

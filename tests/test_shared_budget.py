@@ -16,7 +16,7 @@ import respx
 from connectors import HttpClient, NoConfig, RateLimited
 from sync import Engine
 from sync.base.abort import AbortSignal
-from sync.ingestions.context import IngestionContext, Stopper
+from sync.ingestions.context import IngestionContext
 from tests.fakes import MemoryConnector
 
 BASE = "https://api.example.test"
@@ -44,7 +44,7 @@ def job(
         connector_class=MemoryConnector,
         config=NoConfig(),
         credentials={},
-        stopper=Stopper(AbortSignal(), lambda: False),
+        stopper=AbortSignal(),
         pool=engine.pool,
         secrets=None,
         max_inline_wait=max_inline_wait,

@@ -11,9 +11,10 @@ import psycopg
 import pytest
 
 from sync import Engine
-from sync.jobs.outcome import Action, TableResult
+from sync.jobs.outcome import Action
 from sync.models import Workspace
-from sync.runs.outcome import decider
+from sync.runs.decide import AttemptReport, TableResult
+from sync.runs.outcome import decide_run
 from sync.store import (
     ClaimedRun,
     ClaimTerms,
@@ -142,10 +143,13 @@ def test_decisions_are_taken_at_the_stores_clock(engine: Engine) -> None:
             }
         )
     }
-    decide = decider(run, engine.settings, store)
-    assert decide(limited).action is Action.WAIT
+
+    def decide() -> Action:
+        return decide_run(run, AttemptReport(limited), engine.settings, store.now()).action
+
+    assert decide() is Action.WAIT
     clock.advance(timedelta(seconds=engine.settings.run_deadline + 1).total_seconds())
-    assert decide(limited).action is not Action.WAIT
+    assert decide() is not Action.WAIT
 
 
 def test_a_repair_is_one_transaction_repeated_whole_after_a_transient_failure(

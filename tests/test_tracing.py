@@ -86,12 +86,13 @@ def test_a_sync_is_a_span_with_a_span_per_table_and_per_request(
         run = run_sync(engine, connection.id)
     assert run.status == "succeeded"
     found = spans.get_finished_spans()
-    runs = [s for s in found if s.name == "connector_sync.sync"]
+    runs = [s for s in found if s.name == "connector_sync.run"]
     assert len(runs) == 1
     top = runs[0]
     assert top.attributes is not None
     assert top.attributes["connector_sync.run_id"] == run.id
-    assert top.attributes["connector_sync.provider"] == "simulated"
+    assert top.attributes["connector_sync.kind"] == "run"
+    assert top.attributes["connector_sync.scope"] == "simulated"
     assert top.attributes["connector_sync.outcome"] == "succeeded"
     assert top.status.status_code is not StatusCode.ERROR
 
@@ -139,7 +140,7 @@ def test_a_failing_table_marks_its_span_and_the_runs(
     tables = [s for s in found if s.name == "connector_sync.table"]
     assert tables and all(s.status.status_code is StatusCode.ERROR for s in tables)
     assert all("the provider refused" in (s.status.description or "") for s in tables)
-    attempts = [s for s in found if s.name == "connector_sync.sync"]
+    attempts = [s for s in found if s.name == "connector_sync.run"]
     assert attempts
     assert attempts[-1].status.status_code is StatusCode.ERROR
     assert (attempts[-1].attributes or {})["connector_sync.outcome"] == "failed"

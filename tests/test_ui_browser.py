@@ -15,7 +15,7 @@ from playwright.sync_api import Locator, expect
 
 from sync import Engine
 from sync.queues import Job, JobStatus, queue_spec
-from sync.vocabulary import RunError
+from sync.vocabulary import JobError
 from tests.conftest import make_settings
 from tests.ingestion_support import chunk_count, write_text
 from tests.ui_support import GATES, Browser, chromium, new_gate, serving, worker_loop
@@ -124,7 +124,7 @@ def test_a_failed_runs_page_shows_its_whole_error(fast_engine: Engine, browser: 
         page.goto(f"{url}/runs/{run_id}")
         expect(page.locator("#run")).to_have_attribute("data-status", "failed")
         run = fast_engine.run(run_id)
-        errors = [run.error, RunError.parse(run.results["items"]["error"])]
+        errors = [run.error, JobError.parse(run.results["items"]["error"])]
         errors += [a.error for a in fast_engine.attempts(run_id)]
         assert all(errors)
         for error in errors:

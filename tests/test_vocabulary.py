@@ -17,7 +17,7 @@ from sync.vocabulary import (
     RETRYABLE_KINDS,
     ConnectionStatus,
     ErrorKind,
-    RunError,
+    JobError,
     RunKind,
     RunStatus,
 )
@@ -48,21 +48,21 @@ def test_a_third_partys_own_kind_reads_as_the_nearest_known_one() -> None:
     class Odd(PermanentError):
         kind = "odd"
 
-    assert RunError.of(Throttled("slow down")) == RunError(ErrorKind.RETRYABLE, "slow down")
-    assert RunError.of(Odd("no")).kind is ErrorKind.PERMANENT
-    assert RunError.of(RateLimited("429", 30)) == RunError(ErrorKind.RATE_LIMITED, "429", 30)
+    assert JobError.of(Throttled("slow down")) == JobError(ErrorKind.RETRYABLE, "slow down")
+    assert JobError.of(Odd("no")).kind is ErrorKind.PERMANENT
+    assert JobError.of(RateLimited("429", 30)) == JobError(ErrorKind.RATE_LIMITED, "429", 30)
 
 
 def test_an_unknown_stored_kind_reads_as_an_error_not_a_crash() -> None:
-    error = RunError.from_json({"kind": "from_a_newer_version", "message": "m"})
-    assert error == RunError(ErrorKind.ERROR, "m")
+    error = JobError.from_json({"kind": "from_a_newer_version", "message": "m"})
+    assert error == JobError(ErrorKind.ERROR, "m")
     assert not error.is_retryable
-    assert RunError(ErrorKind.DATABASE, "x").is_retryable and ErrorKind.DATABASE in RETRYABLE_KINDS
+    assert JobError(ErrorKind.DATABASE, "x").is_retryable and ErrorKind.DATABASE in RETRYABLE_KINDS
 
 
 @given(
     st.builds(
-        RunError,
+        JobError,
         kind=st.sampled_from(list(ErrorKind)),
         message=st.text(max_size=30),
         retry_after=st.one_of(st.none(), st.floats(min_value=0, max_value=1e6)),
@@ -70,8 +70,8 @@ def test_an_unknown_stored_kind_reads_as_an_error_not_a_crash() -> None:
         partition=st.one_of(st.none(), st.text(max_size=8)),
     )
 )
-def test_a_run_error_reads_back_as_it_was_stored(error: RunError) -> None:
-    assert RunError.from_json(error.to_json()) == error
+def test_a_run_error_reads_back_as_it_was_stored(error: JobError) -> None:
+    assert JobError.from_json(error.to_json()) == error
 
 
 def test_postgres_gets_the_value_of_a_member(admin: psycopg.Connection[Any]) -> None:

@@ -23,8 +23,8 @@ from sync.queues import Job, JobStatus, queue_spec
 from sync.queues.postgres import PostgresQueues
 from sync.store.db import connect
 from sync.testing import run_sync
-from sync.worker.slots import Lanes
 from tests.conftest import make_settings
+from tests.lanes_support import Lanes
 from tests.test_sync_flow import items, new_dataset
 from tests.ui_support import GATES, new_gate
 from tests.waiting import until
@@ -85,16 +85,17 @@ def test_a_workers_registry_matches_what_its_runs_did(engine: Engine) -> None:
         == 7
     )
 
-    run = "connector_sync_worker_run_seconds_count"
-    assert of(samples, run, kind="sync", provider="memory", outcome="succeeded") == 2
-    assert of(samples, run, kind="sync", provider="memory", outcome="partial") == 1
-    assert of(samples, run, kind="sync", provider="memory", outcome="wait") == 1
+    run = "connector_sync_worker_attempt_seconds_count"
+    assert of(samples, run, kind="run", scope="memory", outcome="succeeded") == 2
+    assert of(samples, run, kind="run", scope="memory", outcome="partial") == 1
+    assert of(samples, run, kind="run", scope="memory", outcome="wait") == 1
     attempts = sum(len(engine.attempts(r.id)) for r in engine.runs(limit=100))
-    assert sum(v for (n, _), v in samples.items() if n == run) == attempts
+    runs = [v for (n, labels), v in samples.items() if n == run and ("kind", "run") in labels]
+    assert sum(runs) == attempts
 
     claims = "connector_sync_worker_claim_seconds_count"
-    assert of(samples, claims, result="claimed") == attempts
-    assert of(samples, claims, result="empty") >= 1
+    assert of(samples, claims, kind="run", scope="", result="claimed") == attempts
+    assert of(samples, claims, kind="run", scope="", result="empty") >= 1
 
     waits, seconds = (
         "connector_sync_worker_rate_limit_waits_total",
@@ -105,7 +106,7 @@ def test_a_workers_registry_matches_what_its_runs_did(engine: Engine) -> None:
     # Every attempt that read the items table slept one wait inside the run first.
     assert of(samples, waits, provider="memory", where="inline") == attempts
     assert of(samples, seconds, provider="memory", where="inline") == 0
-    for kind in ("run", "job", "ingestion"):
+    for kind in ("run", "ingestion"):  # the kinds this worker runs (it serves no queue)
         assert of(samples, "connector_sync_worker_lease_losses_total", kind=kind) == 0
     worker.close()
 
@@ -139,9 +140,9 @@ def test_a_lease_taken_from_a_running_sync_is_counted(fast_engine: Engine, admin
     assert (
         of(
             samples,
-            "connector_sync_worker_run_seconds_count",
-            kind="sync",
-            provider="ui_gated",
+            "connector_sync_worker_attempt_seconds_count",
+            kind="run",
+            scope="ui_gated",
             outcome="stop",
         )
         == 1
@@ -157,7 +158,8 @@ def test_the_metrics_port_serves_the_registry(engine: Engine) -> None:
         response = httpx.get(f"http://127.0.0.1:{served.port}/metrics")
         assert response.status_code == 200
         samples = parse(response.text)
-        assert of(samples, "connector_sync_worker_claim_seconds_count", result="empty") == 1
+        claims = "connector_sync_worker_claim_seconds_count"
+        assert of(samples, claims, kind="run", scope="", result="empty") == 1
         with pytest.raises(OSError):
             MetricsServer(worker.metrics.registry, "127.0.0.1", served.port)
     finally:
@@ -193,8 +195,11 @@ def test_lanes_time_their_claims_and_each_jobs_attempt(engine: Engine) -> None:
         keeper.stop()
     assert queues.get_job(bounced).status is JobStatus.DEAD
     samples = parse(generate_latest(metrics.registry).decode())
-    jobs = "connector_sync_worker_job_seconds_count"
-    assert of(samples, jobs, queue="mail", outcome="completed") == 1
-    assert of(samples, jobs, queue="mail", outcome="failed") == 1
-    claims = of(samples, "connector_sync_worker_job_claim_seconds_count", queue="mail")
-    assert claims == lanes.claims
+    jobs = "connector_sync_worker_attempt_seconds_count"
+    assert of(samples, jobs, kind="job", scope="mail", outcome="completed") == 1
+    assert of(samples, jobs, kind="job", scope="mail", outcome="dead") == 1
+    claims = "connector_sync_worker_claim_seconds_count"
+    found = sum(
+        v for (n, labels), v in samples.items() if n == claims and ("scope", "mail") in labels
+    )
+    assert found == lanes.claims

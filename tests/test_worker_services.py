@@ -321,7 +321,7 @@ def test_in_the_loop_a_finish_claims_the_next_run_in_the_same_round_trip(engine:
     )
     runs = [engine.sync(c.id) for c in (first, second, third)]
     worker = engine.worker(listen=False)
-    worker._continuous = True  # what run() sets
+    worker.slot("run").kind.start()  # what run() does
 
     assert worker.poll()
     assert engine.run(runs[0].id).status == "succeeded"

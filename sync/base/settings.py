@@ -171,6 +171,13 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="Seconds the statement behind a /metrics scrape may take."
     )
 
+    ingestion_lanes: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="How many files a worker indexes at once, in lanes of their own beside its "
+        "sync runs (0: this worker indexes none).",
+    )
     lanes: str | None = Field(
         default=None,
         description="Lanes per application queue, QUEUE=N,...: how many jobs of each queue a "

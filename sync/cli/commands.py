@@ -76,9 +76,9 @@ from sync.cli.console import (
     styled,
     when,
 )
-from sync.jobs.outcome import ordinal
 from sync.models import Attempt, Run
 from sync.overview import describe_progress as describe_where
+from sync.runs.decide import ordinal
 from sync.vocabulary import RunKind, RunStatus, TableStatus
 
 __all__ = ["app", "documents", "main", "operate", "queues", "tenants"]

@@ -47,7 +47,7 @@ from sync.cli.console import (
 from sync.errors import SyncError
 from sync.models import Run, WorkerInfo
 from sync.store.db import connect, first_line
-from sync.vocabulary import RunError, RunKind, RunStatus
+from sync.vocabulary import JobError, RunKind, RunStatus
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -329,7 +329,7 @@ def emit_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
 
 
-def brief_error(error: RunError | Mapping[str, Any] | None, limit: int = 70) -> str:
+def brief_error(error: JobError | Mapping[str, Any] | None, limit: int = 70) -> str:
     text = error_text(error)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 

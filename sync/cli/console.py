@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from sync.vocabulary import RunError
+from sync.vocabulary import JobError
 
 Cell = str | Text
 
@@ -101,12 +101,12 @@ def format_every(seconds: float | None) -> str:
 # -- errors -------------------------------------------------------------------------------------
 
 
-def error_text(error: RunError | Mapping[str, Any] | None, *, status: str | None = None) -> str:
+def error_text(error: JobError | Mapping[str, Any] | None, *, status: str | None = None) -> str:
     """A run's or table's error in words: ``kind: message``, without repeating the kind when
     it only restates the status (a cancelled run's error of kind ``cancelled``)."""
     if not error:
         return ""
-    if isinstance(error, RunError):
+    if isinstance(error, JobError):
         kind, message = str(error.kind), error.message
     else:
         kind, message = str(error.get("kind") or "error"), str(error.get("message") or "")

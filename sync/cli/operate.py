@@ -47,7 +47,7 @@ from sync.cli.console import (
 )
 from sync.jobs.metrics import MetricsServer
 from sync.models import Record
-from sync.worker.services.cleaner import Kind, PruneReport
+from sync.worker.services.cleaner import PruneReport, Retained
 
 # -- schema ------------------------------------------------------------------------------------
 
@@ -397,7 +397,9 @@ def prune(
     ]
     out.print(fitted_table(columns, prune_rows(report), out.width))
     total = sum(
-        n for kind, n in report.deleted.items() if kind not in (Kind.ATTEMPTS, Kind.JOB_ATTEMPTS)
+        n
+        for kind, n in report.deleted.items()
+        if kind not in (Retained.ATTEMPTS, Retained.JOB_ATTEMPTS)
     )
     out.print(f"{verb} {total:,} row(s) and their attempts in {report.statements} statement(s)")
 
@@ -411,17 +413,17 @@ def prune_rows(report: PruneReport) -> list[list[Cell]]:
     """One row per kind of row retention deletes: how many, and by which rule."""
     rules = report.rules
     rule = {
-        Kind.RUNS: f"finished over {_days(rules.history)} ago, beyond the newest "
+        Retained.RUNS: f"finished over {_days(rules.history)} ago, beyond the newest "
         f"{rules.keep_runs} of their connection",
-        Kind.ATTEMPTS: "of those runs",
-        Kind.SEEN_KEYS: "of runs neither queued nor running",
-        Kind.WORKERS: f"stopped, or silent, for over {_days(rules.stopped_workers)}",
-        Kind.RATE_BUDGETS: "blocks that have ended",
-        Kind.HTTP_CACHE: f"ETag cache entries unused for {_days(rules.http_cache)}",
-        Kind.JOBS: "completed, dead or cancelled longer ago than their queue's retention",
-        Kind.JOB_ATTEMPTS: "of those jobs",
-        Kind.INGESTIONS: f"finished over {_days(rules.history)} ago",
-        Kind.TOMBSTONES: (
+        Retained.ATTEMPTS: "of those runs",
+        Retained.SEEN_KEYS: "of runs neither queued nor running",
+        Retained.WORKERS: f"stopped, or silent, for over {_days(rules.stopped_workers)}",
+        Retained.RATE_BUDGETS: "blocks that have ended",
+        Retained.HTTP_CACHE: f"ETag cache entries unused for {_days(rules.http_cache)}",
+        Retained.JOBS: "completed, dead or cancelled longer ago than their queue's retention",
+        Retained.JOB_ATTEMPTS: "of those jobs",
+        Retained.INGESTIONS: f"finished over {_days(rules.history)} ago",
+        Retained.TOMBSTONES: (
             "kept: CONNECTOR_SYNC_TOMBSTONE_DAYS is unset"
             if rules.tombstones is None
             else f"records tombstoned over {_days(rules.tombstones)} ago"
@@ -430,7 +432,7 @@ def prune_rows(report: PruneReport) -> list[list[Cell]]:
     return [
         [
             kind.value.replace("_", " "),
-            "-" if kind is Kind.TOMBSTONES and rules.tombstones is None else f"{n:,}",
+            "-" if kind is Retained.TOMBSTONES and rules.tombstones is None else f"{n:,}",
             rule[kind],
         ]
         for kind, n in report.deleted.items()

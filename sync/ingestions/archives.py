@@ -16,21 +16,19 @@ way, are not queued again; documents of members the archive no longer holds are 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from connectors.errors import Aborted
-from sync.base.abort import AbortReason, AbortSignal
+from sync.base.abort import AbortSignal
 from sync.base.secrets import SecretBox
 from sync.base.settings import Settings
 from sync.documents import DocumentLimits, Embedder, expand_zip
 from sync.ingestions import store
-from sync.ingestions.context import JobLog, Stopper
-from sync.ingestions.decisions import Next, after_failure
 from sync.ingestions.job import indexed_with
 from sync.ingestions.sources import Source, SourceGone, member_name
-from sync.store.db import Pool, first_line
+from sync.jobs.log import Logger
+from sync.store.db import Pool
+from sync.vocabulary import ErrorKind, JobError
 
 log = logging.getLogger("sync.ingestions")
 
@@ -42,47 +40,37 @@ class ArchiveJob:
         pool: Pool,
         settings: Settings,
         secrets: SecretBox | None,
-        worker_id: str,
         embedder: Embedder,
         limits: DocumentLimits,
-        stopping: Callable[[], bool],
     ) -> None:
         self._pool = pool
         self._settings = settings
         self._secrets = secrets
-        self._worker_id = worker_id
         self.embedder = embedder
         self.limits = limits
-        self._stopping = stopping
 
-    def run(self, job: dict[str, Any]) -> str:
-        since: datetime = job["processing_since"]
-        abort = AbortSignal()
-        stopper = Stopper(abort, self._stopping)
-        logger = JobLog(
-            log, {"archive": job["id"], "attempt": job["attempts"], "worker": self._worker_id}
-        )
+    def work(self, job: dict[str, Any], abort: AbortSignal, logger: Logger) -> str:
+        """One attempt of a claimed expansion, to its end: ``ready``, ``cancelled`` (a cancel
+        came meanwhile) or ``lost`` (another worker took it over), each written here, guarded
+        by its ``processing_since``. What ended it early is raised, for the kind's decision."""
         source = Source(
             job,
             pool=self._pool,
             secrets=self._secrets,
             limits=self.limits,
-            stopper=stopper,
+            stopper=abort,
             max_inline_wait=self._settings.max_inline_wait,
             logger=logger,
             lease=None,
         )
-        try:
-            return self._expand(job, since, source, stopper, logger)
-        except Exception as exc:
-            return self._after(job, since, exc, abort, logger)
+        return self._expand(job, job["processing_since"], source, abort, logger)
 
     def _expand(
         self,
         job: dict[str, Any],
         since: datetime,
         source: Source,
-        stopper: Stopper,
+        stopper: AbortSignal,
         logger: logging.LoggerAdapter[logging.Logger],
     ) -> str:
         info = source.describe()
@@ -124,55 +112,8 @@ class ArchiveJob:
                 job["id"],
                 since,
                 "cancelled",
-                error={"kind": "cancelled", "message": "a cancel was requested"},
+                error=JobError(ErrorKind.CANCELLED, "a cancel was requested").to_json(),
             ):
                 return "cancelled"
         logger.warning("the expansion was taken over by another worker; it writes nothing")
         return "lost"
-
-    def _after(
-        self,
-        job: dict[str, Any],
-        since: datetime,
-        exc: Exception,
-        abort: AbortSignal,
-        logger: logging.LoggerAdapter[logging.Logger],
-    ) -> str:
-        try:
-            with self._pool.connection() as conn:
-                if abort.reason is AbortReason.SHUTDOWN:
-                    store.end_archive(conn, job["id"], since, "queued", spend_attempt=False)
-                    logger.info("handed back at shutdown")
-                    return "queued"
-                if isinstance(exc, SourceGone):
-                    error = {"kind": "file_deleted", "message": str(exc)}
-                    store.end_archive(conn, job["id"], since, "cancelled", error=error)
-                    return "cancelled"
-                if isinstance(exc, Aborted):
-                    exc = RuntimeError("the expansion was interrupted")
-                decision = after_failure(
-                    exc,
-                    attempts=job["attempts"],
-                    max_attempts=job["max_attempts"],
-                    schedule=self._settings.backoff_seconds,
-                    jitter=self._settings.backoff_jitter,
-                )
-                if decision.error["kind"] == "internal":
-                    logger.exception("archive expansion failed unexpectedly")
-                if decision.next is Next.REQUEUE:
-                    store.end_archive(
-                        conn,
-                        job["id"],
-                        since,
-                        "queued",
-                        error=decision.error,
-                        delay_seconds=decision.delay,
-                        spend_attempt=decision.spend_attempt,
-                    )
-                    return "queued"
-                store.end_archive(conn, job["id"], since, decision.next.value, error=decision.error)
-                logger.warning("archive %s: %s", decision.next.value, decision.error["message"])
-                return decision.next.value
-        except Exception as failure:  # it is reclaimed after archive_reclaim_seconds
-            logger.warning("could not record how the expansion ended: %s", first_line(failure))
-            return "lost"

@@ -21,44 +21,15 @@ from pydantic import BaseModel
 from connectors.base import Connector
 from connectors.context import CachedResponse
 from connectors.errors import PermanentError
-from sync.base import redact
-from sync.base.abort import AbortReason, AbortSignal
+from sync.base.abort import AbortSignal
 from sync.base.secrets import SecretBox
 from sync.errors import LeaseLost
 from sync.ingestions import store
-from sync.jobs.budgets import SharedBudget, budget_key_of, shared_key
+from sync.jobs.budgets import SharedBudget, shared_key
+from sync.jobs.connectors import refresh_credentials
 from sync.jobs.lease import Control, Lease
 from sync.store import RunStore
-from sync.store.db import Pool
-
-
-class JobLog(logging.LoggerAdapter[logging.Logger]):
-    """Every line about an ingestion says which one, its attempt and the worker."""
-
-    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        context = self.extra or {}
-        kwargs["extra"] = {**context, **kwargs.get("extra", {})}
-        tags = " ".join(f"{key}={value}" for key, value in context.items())
-        return f"{msg} [{tags}]", kwargs
-
-
-class Stopper:
-    """The abort signal of one attempt, also tripped (as a shutdown) once the worker is
-    stopping, whoever asks first."""
-
-    def __init__(self, abort: AbortSignal, stopping: Callable[[], bool]) -> None:
-        self.abort = abort
-        self._stopping = stopping
-
-    @property
-    def is_set(self) -> bool:
-        if not self.abort.is_set and self._stopping():
-            self.abort.trip(AbortReason.SHUTDOWN)
-        return self.abort.is_set
-
-    def check(self) -> None:
-        if self.is_set:
-            self.abort.check()
+from sync.store.db import Connection, Pool
 
 
 class EndpointContext:
@@ -71,7 +42,7 @@ class EndpointContext:
 
     def __init__(self, max_inline_wait: float) -> None:
         self._max_inline_wait = max_inline_wait
-        self._stopper: Stopper | None = None
+        self._stopper: AbortSignal | None = None
         self._logger: logging.LoggerAdapter[logging.Logger] = logging.LoggerAdapter(
             logging.getLogger("sync.ingestions"), {}
         )
@@ -79,7 +50,7 @@ class EndpointContext:
 
     @contextlib.contextmanager
     def serving(
-        self, stopper: Stopper, logger: logging.LoggerAdapter[logging.Logger]
+        self, stopper: AbortSignal, logger: logging.LoggerAdapter[logging.Logger]
     ) -> Iterator[None]:
         before = self._stopper, self._logger
         self._stopper, self._logger = stopper, logger
@@ -105,7 +76,7 @@ class EndpointContext:
         if stopper is None:
             time.sleep(seconds)
             return
-        stopper.abort.wait(seconds)
+        stopper.wait(seconds)
         stopper.check()
 
     def rate_limit_slept(self, seconds: float) -> None:
@@ -140,7 +111,7 @@ class IngestionContext:
         connector_class: type[Connector],
         config: BaseModel,
         credentials: Mapping[str, Any],
-        stopper: Stopper,
+        stopper: AbortSignal,
         pool: Pool,
         secrets: SecretBox | None,
         max_inline_wait: float,
@@ -191,7 +162,7 @@ class IngestionContext:
         self._stopper.check()
 
     def sleep(self, seconds: float) -> None:
-        if self._stopper.abort.wait(seconds):
+        if self._stopper.wait(seconds):
             self._stopper.check()
         self._stopper.check()
 
@@ -206,27 +177,29 @@ class IngestionContext:
     def refresh_credentials(
         self, refresh: Callable[[Mapping[str, Any]], Mapping[str, Any]]
     ) -> Mapping[str, Any]:
-        if self._secrets is None:
-            raise PermanentError("no secret key is configured, so credentials cannot be saved")
-        if self._lease is None:
+        lease = self._lease
+        if lease is None:
             raise PermanentError("an archive expansion holds no lease to refresh credentials under")
-        with self._pool.connection() as conn, conn.transaction():
-            row = store.lock_credentials(conn, self._lease, self._connection_id)
+
+        def lock(conn: Connection) -> bytes | None:
+            row = store.lock_credentials(conn, lease, self._connection_id)
             if row is None:
                 raise LeaseLost()
-            current = self._secrets.decrypt(row["credentials"]) if row["credentials"] else {}
-            fresh = dict(refresh(current))
-            redact.register(fresh)
-            if fresh != current:
-                RunStore.save_credentials(
-                    conn,
-                    self._connection_id,
-                    self._secrets.encrypt(fresh),
-                    budget_key_of(self._connector_class, self._provider, self._config, fresh),
-                )
-                self._logger.info("credentials refreshed and saved")
-        self._credentials = fresh
-        return fresh
+            stored: bytes | None = row["credentials"]
+            return stored
+
+        self._credentials = refresh_credentials(
+            self._pool,
+            lock,
+            refresh,
+            connection_id=self._connection_id,
+            connector_class=self._connector_class,
+            provider=self._provider,
+            config=self._config,
+            secrets=self._secrets,
+            logger=self._logger,
+        )
+        return self._credentials
 
     def rate_limit_slept(self, seconds: float) -> None:
         return None  # ingestions export no rate-limit figures

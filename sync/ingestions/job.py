@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from connectors.errors import Aborted, RetryableError
 from sync.base.abort import AbortReason, AbortSignal
 from sync.base.secrets import SecretBox
 from sync.base.settings import Settings
@@ -40,11 +38,11 @@ from sync.documents import (
 from sync.documents.store import delete_chunks_from
 from sync.errors import LeaseLost
 from sync.ingestions import store
-from sync.ingestions.context import EndpointContext, JobLog, Stopper
-from sync.ingestions.decisions import Next, after_failure
+from sync.ingestions.context import EndpointContext
 from sync.ingestions.sources import FileInfo, Source, SourceGone
-from sync.jobs.lease import Lease, LeaseKeeper, Terms
-from sync.store.db import Pool, first_line
+from sync.jobs.log import Logger
+from sync.store.db import Pool
+from sync.store.rows import Lease
 
 log = logging.getLogger("sync.ingestions")
 
@@ -63,7 +61,7 @@ def model_of(fingerprint: str) -> str:
 
 
 class DocumentJob:
-    """Runs claimed document ingestions, one at a time."""
+    """The recipe of one attempt of a claimed document ingestion."""
 
     def __init__(
         self,
@@ -71,50 +69,32 @@ class DocumentJob:
         pool: Pool,
         settings: Settings,
         secrets: SecretBox | None,
-        keeper: LeaseKeeper,
-        worker_id: str,
         embedder: Embedder,
         endpoint: EndpointContext,
         limits: DocumentLimits,
-        stopping: Callable[[], bool],
     ) -> None:
         self._pool = pool
         self._settings = settings
         self._secrets = secrets
-        self._keeper = keeper
-        self._worker_id = worker_id
         self.embedder = embedder
         self._endpoint = endpoint
         self.limits = limits
-        self._stopping = stopping
 
-    def run(self, job: dict[str, Any]) -> str:
-        """One attempt of a claimed ingestion; returns what became of it."""
+    def work(self, job: dict[str, Any], abort: AbortSignal, logger: Logger) -> str:
+        """One attempt of a claimed ingestion, to its end: what became of it (``ready``,
+        ``skipped``, ``archive``, or ``queued`` when the file changed while it was indexed),
+        each written by the recipe, fenced by the ingestion's lease. What ended it early is
+        raised, for the kind's decision."""
         lease = store.owner_of(job)
-        abort = AbortSignal()
-        stopper = Stopper(abort, self._stopping)
-        logger = JobLog(
-            log, {"ingestion": job["id"], "attempt": job["attempts"], "worker": self._worker_id}
-        )
         source = Source(
             job,
             pool=self._pool,
             secrets=self._secrets,
             limits=self.limits,
-            stopper=stopper,
+            stopper=abort,
             max_inline_wait=self._settings.max_inline_wait,
             logger=logger,
             lease=lease,
-        )
-
-        def learn(control: Any) -> None:
-            if source.context is not None:
-                source.context.learn(control)
-
-        s = self._settings
-        terms = Terms(s.lease_seconds, s.control_interval, s.ingestion_timeout_seconds)
-        watch = self._keeper.watch(
-            lease, abort, kind=store.INGESTIONS, terms=terms, on_control=learn, logger=logger
         )
         logger.info(
             "ingestion of %s started (attempt %d of %d)",
@@ -122,13 +102,8 @@ class DocumentJob:
             job["attempts"],
             job["max_attempts"],
         )
-        try:
-            with self._endpoint.serving(stopper, logger):
-                return self._attempt(job, lease, source, stopper, logger)
-        except Exception as exc:
-            return self._after(job, lease, exc, abort, logger)
-        finally:
-            self._keeper.release(watch)
+        with self._endpoint.serving(abort, logger):
+            return self._attempt(job, lease, source, abort, logger)
 
     # -- the recipe ---------------------------------------------------------------------------
 
@@ -137,7 +112,7 @@ class DocumentJob:
         job: dict[str, Any],
         lease: Lease,
         source: Source,
-        stopper: Stopper,
+        stopper: AbortSignal,
         logger: logging.LoggerAdapter[logging.Logger],
     ) -> str:
         info = source.describe()
@@ -189,7 +164,7 @@ class DocumentJob:
         source: Source,
         info: FileInfo,
         spooled: SpooledFile,
-        stopper: Stopper,
+        stopper: AbortSignal,
         logger: logging.LoggerAdapter[logging.Logger],
     ) -> str:
         with spooled.path.open("rb") as probe:
@@ -248,7 +223,7 @@ class DocumentJob:
         info: FileInfo,
         start: int,
         total: int,
-        stopper: Stopper,
+        stopper: AbortSignal,
         logger: logging.LoggerAdapter[logging.Logger],
     ) -> None:
         extraction = Extraction(spooled.path, media, self.limits, name=info.name)
@@ -270,7 +245,7 @@ class DocumentJob:
                     if cancel is None:
                         raise LeaseLost()
                     if cancel:  # rolled back with this transaction: not a chunk more
-                        stopper.abort.trip(AbortReason.CANCELLED)
+                        stopper.trip(AbortReason.CANCELLED)
                         stopper.check()
                     upsert_chunks(conn, document_id, batch, vectors, model=self.embedder.model)
                 processed += len(batch)
@@ -337,60 +312,3 @@ class DocumentJob:
         with self._pool.connection() as conn:
             store.hand_back(conn, lease)
         return "queued"
-
-    # -- an attempt that ended early ------------------------------------------------------------
-
-    def _after(
-        self,
-        job: dict[str, Any],
-        lease: Lease,
-        exc: Exception,
-        abort: AbortSignal,
-        logger: logging.LoggerAdapter[logging.Logger],
-    ) -> str:
-        reason = abort.reason
-        if isinstance(exc, LeaseLost) or reason is AbortReason.LEASE_LOST:
-            logger.warning("stopped: the lease was lost, so this attempt writes nothing more")
-            return "lost"
-        try:
-            with self._pool.connection() as conn:
-                if reason is AbortReason.SHUTDOWN:
-                    store.hand_back(conn, lease)
-                    logger.info("handed back at shutdown")
-                    return "queued"
-                if reason is AbortReason.CANCELLED:
-                    error = {"kind": "cancelled", "message": "a cancel was requested"}
-                    store.end(conn, lease, "cancelled", error=error)
-                    logger.info("cancelled")
-                    return "cancelled"
-                if isinstance(exc, SourceGone):
-                    error = {"kind": "file_deleted", "message": str(exc)}
-                    store.end(conn, lease, "cancelled", error=error)
-                    logger.info("cancelled: %s", exc)
-                    return "cancelled"
-                if reason is AbortReason.TIMEOUT:
-                    exc = RetryableError("the ingestion exceeded its timeout")
-                elif isinstance(exc, Aborted):
-                    exc = RetryableError("the attempt was interrupted")
-                decision = after_failure(
-                    exc,
-                    attempts=job["attempts"],
-                    max_attempts=job["max_attempts"],
-                    schedule=self._settings.backoff_seconds,
-                    jitter=self._settings.backoff_jitter,
-                )
-                if decision.error["kind"] == "internal":
-                    logger.exception("ingestion failed unexpectedly")
-                if decision.next is Next.REQUEUE:
-                    ended = store.requeue(
-                        conn, lease, decision.delay, decision.error,
-                        spend_attempt=decision.spend_attempt,
-                    )  # fmt: skip
-                    logger.info("retrying in %.1f s: %s", decision.delay, decision.error["message"])
-                    return ended or "lost"
-                store.end(conn, lease, decision.next.value, error=decision.error)
-                logger.warning("%s: %s", decision.next.value, decision.error["message"])
-                return decision.next.value
-        except Exception as failure:  # its lease runs out and another worker takes it
-            logger.warning("could not record how the ingestion ended: %s", first_line(failure))
-            return "lost"

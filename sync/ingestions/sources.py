@@ -29,7 +29,7 @@ from connectors.errors import PermanentError
 from sync.base.secrets import SecretBox
 from sync.documents import DocumentLimits, SpooledFile, expand_zip, spool
 from sync.ingestions import store
-from sync.ingestions.context import IngestionContext, Stopper
+from sync.ingestions.context import AbortSignal, IngestionContext
 from sync.jobs.connectors import connector_inputs
 from sync.jobs.lease import Lease
 from sync.store.db import Pool
@@ -72,7 +72,7 @@ class Source:
         pool: Pool,
         secrets: SecretBox | None,
         limits: DocumentLimits,
-        stopper: Stopper,
+        stopper: AbortSignal,
         max_inline_wait: float,
         logger: logging.LoggerAdapter[logging.Logger],
         lease: Lease | None,

@@ -17,13 +17,12 @@ from functools import cache
 from typing import Any
 from uuid import UUID
 
-import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from sync.base.abort import AbortReason
 from sync.jobs.lease import Control, Lease, LeaseKind
-from sync.store.db import Connection, Pool, first_line
+from sync.store.db import Connection
 from sync.store.queries import parse
 from sync.store.sqlfiles import sql_dir
 
@@ -68,62 +67,6 @@ INGESTIONS = LeaseKind("ingestion", renew=renew, control=read_control)
 
 
 # -- queueing ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Queued:
-    """What the end of a files table did: ingestions queued (new or changed files), documents
-    deleted (tombstoned files), running ingestions asked to stop. ``fenced`` False: the run's
-    lease was lost and nothing was done."""
-
-    fenced: bool
-    queued: int = 0
-    deleted: int = 0
-    stopped: int = 0
-
-
-def queue_file_ingestions(
-    pool: Pool, lease: Lease, connection_id: int | None, table_name: str, max_attempts: int
-) -> Queued:
-    """The end of a files table's sync: one statement, fenced by the run. A database error is
-    logged, not raised: the table's records are written, and the next sync of the table queues
-    what this one could not (the statement compares every live file with what was queued)."""
-    if connection_id is None:
-        return Queued(False)
-    try:
-        with pool.connection() as conn:
-            row = _one(
-                conn,
-                "queue_file_ingestions",
-                {
-                    "run_id": lease.id,
-                    "lease_owner": lease.owner,
-                    "connection_id": connection_id,
-                    "table_name": table_name,
-                    "max_attempts": max_attempts,
-                },
-            )
-    except psycopg.Error as exc:
-        log.warning(
-            "could not queue the ingestions of table %s (connection %d): %s; the next sync "
-            "queues them",
-            table_name,
-            connection_id,
-            first_line(exc),
-        )
-        return Queued(False)
-    assert row is not None
-    done = Queued(bool(row["fenced"]), row["queued"], row["deleted"], row["stopped"])
-    if done.queued or done.deleted or done.stopped:
-        log.info(
-            "table %s of connection %d: %d file(s) queued for ingestion, %d document(s) of "
-            "deleted files removed",
-            table_name,
-            connection_id,
-            done.queued,
-            done.deleted,
-        )
-    return done
 
 
 def queue_local_ingestion(

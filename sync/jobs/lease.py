@@ -5,8 +5,8 @@ cancelled or its time is up.
 
 Every kind of leased work (a connection's run, an application job, a document ingestion) is a
 row with a lease owner (the claim's fencing token) and an expiry. A kind tells the keeper how to
-renew and how to read the control of one of its rows (:class:`LeaseKind`); the keeper does the
-rest the same way for all of them.
+renew and how to read the control of one of its rows (:class:`LeaseKind`, defined in the kind's
+own package); the keeper does the rest the same way for all of them, and knows none of them.
 
 The keeper never borrows from the worker's pool: a worker whose lanes hold every pooled
 connection still renews its leases on time, so no lease is lost (and no second worker let in)
@@ -28,10 +28,8 @@ import psycopg
 
 from sync.base.abort import AbortReason, AbortSignal
 from sync.base.settings import Settings
-from sync.queues.models import JobStatus
-from sync.queues.store import JobStore
-from sync.store import Lease, RunStore
 from sync.store.db import Connection, connect, first_line
+from sync.store.rows import Lease
 
 log = logging.getLogger(__name__)
 
@@ -58,59 +56,6 @@ class LeaseKind:
     # lease), for kinds a worker holds many of at once; None: one statement per lease.
     renew_many: Callable[[Connection, list[tuple[Lease, timedelta]]], set[Lease]] | None = None
     control_many: Callable[[Connection, list[Lease]], dict[Lease, Control]] | None = None
-
-
-def renew_run(conn: Connection, lease: Lease, seconds: timedelta) -> bool:
-    """Extend a run's lease; False means it is lost."""
-    return RunStore.renew(conn, lease, seconds)
-
-
-def read_run_control(conn: Connection, lease: Lease) -> Control:
-    found = RunStore.control(conn, lease)
-    if found is None:
-        return Control(AbortReason.LEASE_LOST)
-    stop = AbortReason.CANCELLED if found.cancel_requested else None
-    return Control(stop, found.budget_blocked_until)
-
-
-RUNS = LeaseKind("run", renew=renew_run, control=read_run_control)
-
-
-def renew_job(conn: Connection, lease: Lease, seconds: timedelta) -> bool:
-    """Extend an application job's attempt, never past the queue's expire; False: lost."""
-    return JobStore.renew(conn, lease.id, lease.owner, seconds)
-
-
-def read_job_control(conn: Connection, lease: Lease) -> Control:
-    return _job_control(JobStore.control(conn, lease.id, lease.owner))
-
-
-def _job_control(found: tuple[JobStatus, bool] | None) -> Control:
-    if found is None or not found[1]:
-        return Control(AbortReason.LEASE_LOST)
-    status = found[0]
-    if status is JobStatus.CANCELLED:
-        return Control(AbortReason.CANCELLED)
-    return Control(None if status is JobStatus.ACTIVE else AbortReason.LEASE_LOST)
-
-
-def renew_jobs(conn: Connection, leases: list[tuple[Lease, timedelta]]) -> set[Lease]:
-    renewed = JobStore.renew_many(conn, [(lease.id, lease.owner, n) for lease, n in leases])
-    return {lease for lease, _ in leases if (lease.id, lease.owner) in renewed}
-
-
-def read_job_controls(conn: Connection, leases: list[Lease]) -> dict[Lease, Control]:
-    found = JobStore.control_many(conn, [(lease.id, lease.owner) for lease in leases])
-    return {lease: _job_control(found.get((lease.id, lease.owner))) for lease in leases}
-
-
-JOBS = LeaseKind(
-    "job",
-    renew=renew_job,
-    control=read_job_control,
-    renew_many=renew_jobs,
-    control_many=read_job_controls,
-)
 
 
 @dataclass(frozen=True)
@@ -229,7 +174,7 @@ class LeaseKeeper:
         lease: Lease,
         abort: AbortSignal,
         *,
-        kind: LeaseKind = RUNS,
+        kind: LeaseKind,
         terms: Terms | None = None,
         on_control: Callable[[Control], object] | None = None,
         logger: logging.LoggerAdapter[logging.Logger] | logging.Logger = log,

@@ -27,6 +27,7 @@ from typing import Any
 
 from sync.base.clock import Clock, SystemClock
 from sync.errors import Conflict, InvalidInput, NotFound
+from sync.jobs.outcome import Action
 from sync.queues.admission import check_key, due_time, singleton_slot
 from sync.queues.cron import firing, next_tick, parse_cron
 from sync.queues.declarations import QueueSpec
@@ -45,7 +46,7 @@ from sync.queues.models import (
 from sync.queues.payloads import json_payload
 from sync.queues.port import BatchHandler, DeadHook, Handler, JobRunner, Queues
 from sync.queues.registry import HandlerRegistry, Registration
-from sync.queues.retries import Fate, fate_after
+from sync.queues.retries import DEAD, fate_after
 
 log = logging.getLogger("sync.queues")
 
@@ -550,7 +551,7 @@ class InMemoryQueues(Queues, JobRunner):
                 decision = fate_after(
                     AttemptOutcome.EXPIRED, attempts=entry.attempts, queue=spec, rand=self._rand
                 )
-                if decision.fate is Fate.DEAD:
+                if decision == DEAD:
                     dead.extend(self._bury(entry, spec, now))
                     continue
             registration = self._handlers.get(entry.origin_queue)
@@ -644,14 +645,14 @@ class InMemoryQueues(Queues, JobRunner):
             outcome = AttemptOutcome.COMPLETED if error is None else AttemptOutcome.FAILED
             self._close_attempt(entry, now, outcome, error)
             decision = fate_after(outcome, attempts=entry.attempts, queue=spec, rand=self._rand)
-            if decision.fate is Fate.COMPLETE:
+            if decision.action is Action.REQUEUE:
+                entry.status = JobStatus.RETRYING
+                entry.run_after = now + timedelta(seconds=decision.delay or 0.0)
+                return []
+            if decision.status is JobStatus.COMPLETED:
                 entry.status = JobStatus.COMPLETED
                 entry.finished_at = now
                 self._release(entry)
-                return []
-            if decision.fate is Fate.RETRY:
-                entry.status = JobStatus.RETRYING
-                entry.run_after = now + timedelta(seconds=decision.delay)
                 return []
             return self._bury(entry, spec, now)
 

@@ -26,6 +26,7 @@ import psycopg
 from sync.base.abort import AbortReason, AbortSignal
 from sync.base.clock import Clock
 from sync.errors import Conflict, InvalidInput, NotFound
+from sync.jobs.outcome import Action, Outcome
 from sync.queues.admission import check_key_text, due_time, key_on_standard
 from sync.queues.cron import firing, next_tick, parse_cron
 from sync.queues.declarations import QueueSpec
@@ -42,7 +43,7 @@ from sync.queues.models import (
 from sync.queues.payloads import json_payload
 from sync.queues.port import BatchHandler, DeadHook, Handler, JobRunner, Queues
 from sync.queues.registry import HandlerRegistry, Registration
-from sync.queues.retries import Fate, fate_after
+from sync.queues.retries import fate_after
 from sync.queues.store import ClaimedJob, ConnectionSource, JobStore
 
 log = logging.getLogger("sync.queues")
@@ -72,7 +73,7 @@ class AttemptHandle:
 
 
 @dataclass(frozen=True)
-class Attempt:
+class RunningJob:
     """An attempt a claim started in this process."""
 
     job: Job
@@ -325,7 +326,7 @@ class PostgresQueues(Queues, JobRunner):
 
     # Running jobs
 
-    def claim(self, queues: list[str], limit: int, *, together: bool = False) -> list[Attempt]:
+    def claim(self, queues: list[str], limit: int, *, together: bool = False) -> list[RunningJob]:
         """Start up to ``limit`` attempts of due jobs of ``queues`` (each must have a handler
         here). Jobs the claim dead-lettered (an expired attempt with none left) have their
         on_dead hook called here, once. ``together``: the attempts of one batch, for
@@ -334,9 +335,9 @@ class PostgresQueues(Queues, JobRunner):
 
     def _claim(
         self, queues: list[str], limit: int, *, together: bool = False
-    ) -> tuple[list[Attempt], int]:
+    ) -> tuple[list[RunningJob], int]:
         """The attempts started, and how many jobs the claim took (dead-lettered ones too)."""
-        attempts: list[Attempt] = []
+        attempts: list[RunningJob] = []
         shared = AbortSignal() if together else None
         claimed_rows = self.store.claim(queues, limit, self.lease, self._now())
         for claimed in claimed_rows:
@@ -351,22 +352,51 @@ class PostgresQueues(Queues, JobRunner):
 
     def _started(
         self, claimed: ClaimedJob, registration: Registration, signal: AbortSignal | None = None
-    ) -> Attempt:
+    ) -> RunningJob:
         signal = signal or AbortSignal()
         with self._local_lock:
             stale = self._local.get(claimed.job.id)
             self._local[claimed.job.id] = (claimed.lease_owner, signal)
         if stale is not None:  # this process ran the attempt the claim took back
             stale[1].trip(AbortReason.LEASE_LOST)
-        return Attempt(claimed.job, claimed.lease_owner, claimed.spec, registration, signal)
+        return RunningJob(claimed.job, claimed.lease_owner, claimed.spec, registration, signal)
 
     def execute(
-        self, attempt: Attempt, *, complete_later: Callable[[Attempt], object] | None = None
+        self, attempt: RunningJob, *, complete_later: Callable[[RunningJob], object] | None = None
     ) -> AttemptOutcome | None:
         """Run the attempt's handler and apply its end, fenced by the attempt's token; the
         outcome, or None when the attempt had lost the job by then (cancelled, taken back or
         past its expiry) and its end changed nothing. With ``complete_later``, a handler that
         returned is handed to it (which calls :meth:`complete_many` soon, with others)."""
+        try:
+            error = self.run_handler(attempt)
+            if error is None and complete_later is not None:
+                complete_later(attempt)
+                return AttemptOutcome.COMPLETED
+            return self.end(attempt, self.decide(attempt, error), error)
+        finally:
+            self.forget([attempt])
+
+    def execute_batch(self, attempts: list[RunningJob]) -> list[AttemptOutcome | None]:
+        """Run a batch handler once over the attempts of one :meth:`claim` with ``together``
+        (all of one queue), then apply their ends: every job completed in one statement when
+        it returned, an attempt of each failed when it raised. The outcome of each attempt, as
+        :meth:`execute` gives it."""
+        if not attempts:
+            return []
+        try:
+            error = self.run_batch_handler(attempts)
+            if error is None:
+                done = self.complete_many(attempts)
+                return [AttemptOutcome.COMPLETED if a.job.id in done else None for a in attempts]
+            return [self.end(a, self.decide(a, error), error) for a in attempts]
+        finally:
+            self.forget(attempts)
+
+    # The parts of an attempt, as the worker's application-job kind runs them.
+
+    def run_handler(self, attempt: RunningJob) -> str | None:
+        """Call the attempt's handler; what it raised, in one line, or None."""
         job = attempt.job
         handle = AttemptHandle(
             attempt.signal,
@@ -375,69 +405,80 @@ class PostgresQueues(Queues, JobRunner):
             ),
         )
         try:
-            try:
-                attempt.registration.handler(job, handle)  # type: ignore[arg-type]
-            except Exception as exc:
-                error: str | None = one_line(exc)
-                log.warning(
-                    "job %s of queue %s failed attempt %s: %s",
-                    job.id,
-                    job.origin_queue,
-                    job.attempts,
-                    error,
-                )
-            else:
-                error = None
-                if complete_later is not None:
-                    complete_later(attempt)
-                    return AttemptOutcome.COMPLETED
-            return self._end(attempt, error)
-        finally:
-            with self._local_lock:
-                if self._local.get(job.id, (None,))[0] == attempt.lease_owner:
-                    del self._local[job.id]
+            attempt.registration.handler(job, handle)  # type: ignore[arg-type]
+        except Exception as exc:
+            error = one_line(exc)
+            log.warning(
+                "job %s of queue %s failed attempt %s: %s",
+                job.id,
+                job.origin_queue,
+                job.attempts,
+                error,
+            )
+            return error
+        return None
 
-    def execute_batch(
-        self,
-        attempts: list[Attempt],
-        *,
-        complete_later: Callable[[list[Attempt]], object] | None = None,
-    ) -> list[AttemptOutcome | None]:
-        """Run a batch handler once over the attempts of one :meth:`claim` with ``together``
-        (all of one queue), then apply their ends: every job completed in one statement when
-        it returned (or handed to ``complete_later``, as :meth:`execute` does), an attempt of
-        each failed when it raised. The outcome of each attempt, as :meth:`execute` gives it."""
-        if not attempts:
-            return []
-        jobs = [attempt.job for attempt in attempts]
+    def run_batch_handler(self, attempts: list[RunningJob]) -> str | None:
+        """Call a batch handler once over the attempts of one batch; what it raised, or None."""
         registration = attempts[0].registration
         handle = AttemptHandle(attempts[0].signal, functools.partial(self._report_all, attempts))
         try:
-            try:
-                registration.handler(jobs, handle)  # type: ignore[arg-type]
-            except Exception as exc:
-                error = one_line(exc)
-                log.warning(
-                    "a batch of %d job(s) of queue %s failed: %s",
-                    len(jobs),
-                    registration.queue,
-                    error,
-                )
-                return [self._end(attempt, error) for attempt in attempts]
-            if complete_later is not None:
-                complete_later(attempts)
-                return [AttemptOutcome.COMPLETED] * len(attempts)
-            done = self.complete_many(attempts)
-            return [
-                AttemptOutcome.COMPLETED if attempt.job.id in done else None for attempt in attempts
-            ]
-        finally:
-            with self._local_lock:
-                for attempt in attempts:
-                    if self._local.get(attempt.job.id, (None,))[0] == attempt.lease_owner:
-                        del self._local[attempt.job.id]
+            registration.handler([a.job for a in attempts], handle)  # type: ignore[arg-type]
+        except Exception as exc:
+            error = one_line(exc)
+            log.warning(
+                "a batch of %d job(s) of queue %s failed: %s",
+                len(attempts),
+                registration.queue,
+                error,
+            )
+            return error
+        return None
 
-    def _report_all(self, attempts: list[Attempt], processed: int, total: int | None) -> bool:
+    def decide(self, attempt: RunningJob, error: str | None) -> Outcome:
+        """What becomes of an attempt's job (pure but for the queue's random jitter): a handler
+        that stopped because the worker is stopping hands its job back, not its failure."""
+        if error is not None and attempt.signal.reason is AbortReason.SHUTDOWN:
+            return Outcome(Action.HAND_BACK)
+        outcome = AttemptOutcome.COMPLETED if error is None else AttemptOutcome.FAILED
+        return fate_after(
+            outcome, attempts=attempt.job.attempts, queue=attempt.spec, rand=self._rand
+        )
+
+    def end(
+        self, attempt: RunningJob, decided: Outcome, error: str | None
+    ) -> AttemptOutcome | None:
+        """Apply a decision about an attempt's job, fenced by the attempt's token: how the
+        attempt ended, or None when it had lost the job first (or was handed back)."""
+        job, owner, now = attempt.job, attempt.lease_owner, self._now()
+        if decided.action is Action.HAND_BACK:
+            if self.store.hand_back(job.id, owner, now):
+                log.info("job %s handed back at shutdown", job.id)
+            return None
+        if decided.action is Action.REQUEUE:
+            assert error is not None
+            applied = self.store.retry(job.id, owner, error, decided.delay or 0.0, now)
+        elif decided.status == JobStatus.COMPLETED:
+            applied = self.store.complete(job.id, owner, now)
+        else:
+            assert error is not None
+            dead = self.store.bury(job.id, owner, error, now)
+            applied = dead is not None
+            if dead is not None:
+                self._call_hook(attempt.registration, dead)
+        if not applied:
+            log.info("job %s: attempt %s ended after it lost the job", job.id, job.attempts)
+            return None
+        return AttemptOutcome.COMPLETED if error is None else AttemptOutcome.FAILED
+
+    def forget(self, attempts: list[RunningJob]) -> None:
+        """The attempts ended here: a claim taking their jobs back has nothing to stop."""
+        with self._local_lock:
+            for attempt in attempts:
+                if self._local.get(attempt.job.id, (None,))[0] == attempt.lease_owner:
+                    del self._local[attempt.job.id]
+
+    def _report_all(self, attempts: list[RunningJob], processed: int, total: int | None) -> bool:
         """A batch handler's progress, recorded on every job of its batch, each fenced by its
         attempt; True when every one was recorded."""
         now = self._now()
@@ -447,7 +488,7 @@ class PostgresQueues(Queues, JobRunner):
         ]
         return all(recorded)
 
-    def complete_many(self, attempts: list[Attempt]) -> set[int]:
+    def complete_many(self, attempts: list[RunningJob]) -> set[int]:
         """Complete attempts whose handlers returned, in one statement, each fenced by its
         token; the ids of the jobs completed (the others had lost their job)."""
         done = self.store.complete_many([(a.job.id, a.lease_owner) for a in attempts], self._now())
@@ -460,38 +501,11 @@ class PostgresQueues(Queues, JobRunner):
                 )
         return done
 
-    def hand_back(self, attempt: Attempt) -> bool:
+    def hand_back(self, attempt: RunningJob) -> bool:
         """An attempt claimed but not run, or stopped by a graceful shutdown, back to its
         queue without spending an attempt; False if it had lost the job already."""
-        with self._local_lock:
-            if self._local.get(attempt.job.id, (None,))[0] == attempt.lease_owner:
-                del self._local[attempt.job.id]
+        self.forget([attempt])
         return self.store.hand_back(attempt.job.id, attempt.lease_owner, self._now())
-
-    def _end(self, attempt: Attempt, error: str | None) -> AttemptOutcome | None:
-        job, owner, now = attempt.job, attempt.lease_owner, self._now()
-        if error is not None and attempt.signal.reason is AbortReason.SHUTDOWN:
-            # The handler stopped because the worker is stopping: not the job's failure.
-            if self.store.hand_back(job.id, owner, now):
-                log.info("job %s handed back at shutdown", job.id)
-            return None
-        outcome = AttemptOutcome.COMPLETED if error is None else AttemptOutcome.FAILED
-        decision = fate_after(outcome, attempts=job.attempts, queue=attempt.spec, rand=self._rand)
-        if decision.fate is Fate.COMPLETE:
-            applied = self.store.complete(job.id, owner, now)
-        elif decision.fate is Fate.RETRY:
-            assert error is not None
-            applied = self.store.retry(job.id, owner, error, decision.delay, now)
-        else:
-            assert error is not None
-            dead = self.store.bury(job.id, owner, error, now)
-            applied = dead is not None
-            if dead is not None:
-                self._call_hook(attempt.registration, dead)
-        if not applied:
-            log.info("job %s: attempt %s ended after it lost the job", job.id, job.attempts)
-            return None
-        return outcome
 
     def run_due(self, *, limit: int = 1000) -> int:
         self.enqueue_due_schedules()

@@ -12,15 +12,14 @@ from pydantic import BaseModel
 
 from connectors.base import Connector
 from connectors.context import CachedResponse
-from connectors.errors import PermanentError
-from sync.base import redact
 from sync.base.abort import AbortSignal
 from sync.base.secrets import SecretBox
 from sync.base.settings import Settings
-from sync.jobs.budgets import BudgetView, SharedBudget, budget_key_of, shared_key
+from sync.jobs.budgets import BudgetView, SharedBudget, shared_key
+from sync.jobs.connectors import refresh_credentials
+from sync.jobs.log import Logger
 from sync.runs.checkpoints import RunCheckpoints
 from sync.runs.http_cache import HttpCache
-from sync.runs.log import Logger
 from sync.store import ClaimedRun, RunStore
 
 
@@ -114,25 +113,20 @@ class RunContext:
     def refresh_credentials(
         self, refresh: Callable[[Mapping[str, Any]], Mapping[str, Any]]
     ) -> Mapping[str, Any]:
-        if self._secrets is None:
-            raise PermanentError("no secret key is configured, so credentials cannot be saved")
         connection_id = self._run.connection_id
         assert connection_id is not None
-        with self._store.pool.connection() as conn, conn.transaction():
-            stored = self._store.lock_credentials(conn, self._run.lease, connection_id)
-            current = self._secrets.decrypt(stored) if stored else {}
-            fresh = dict(refresh(current))
-            redact.register(fresh)
-            if fresh != current:
-                self._store.save_credentials(
-                    conn,
-                    connection_id,
-                    self._secrets.encrypt(fresh),
-                    budget_key_of(self._connector_class, self._run.provider, self._config, fresh),
-                )
-                self._logger.info("credentials refreshed and saved")
-        self._credentials = fresh
-        return fresh
+        self._credentials = refresh_credentials(
+            self._store.pool,
+            lambda conn: self._store.lock_credentials(conn, self._run.lease, connection_id),
+            refresh,
+            connection_id=connection_id,
+            connector_class=self._connector_class,
+            provider=self._run.provider,
+            config=self._config,
+            secrets=self._secrets,
+            logger=self._logger,
+        )
+        return self._credentials
 
     def rate_limit_slept(self, seconds: float) -> None:
         self._budget.view.slept(seconds)

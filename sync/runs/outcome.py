@@ -1,59 +1,50 @@
-"""A run's outcome: the decision about its fate (``retry_policy.decide``, given what this run
+"""A run's outcome: the decision about its fate (``sync.runs.decide``, given what this run
 is) and its application through the store: requeue, wait for a rate limit, hand back, or
-finish. The finish goes through the ``seal`` the worker passes, which may claim the worker's
-next run in the same round trip; nothing here claims."""
+finish. The finish goes through a ``seal``, which in the worker's loop claims the worker's next
+run in the same round trip."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 
 from sync.base.abort import AbortReason, AbortSignal
 from sync.base.settings import Settings
-from sync.jobs.outcome import Action, Decider, Outcome, TableResult, Waiting, decide
-from sync.runs.log import Logger
+from sync.jobs.log import Logger
+from sync.jobs.outcome import Action, Outcome
+from sync.runs.decide import AttemptReport, TableResult, Waiting, decide
 from sync.store import ClaimedRun, RunStore, Seal
 from sync.store.db import first_line
-from sync.vocabulary import ErrorKind, RunError, RunKind, RunStatus, TableStatus
+from sync.vocabulary import ErrorKind, RunKind, RunStatus, TableStatus
 
 Sealer = Callable[[Seal], bool]
 """Seals a finished run; False when its lease was lost first."""
 
 
-def decider(run: ClaimedRun, settings: Settings, store: RunStore) -> Decider:
-    """The decision for ``run``: its attempts, its backoff, and (a sync) how long it may wait
-    for a rate limit, at the store's clock."""
-
-    def decide_for_run(
-        results: dict[str, TableResult],
-        *,
-        abort: AbortReason | None = None,
-        run_error: RunError | None = None,
-    ) -> Outcome:
-        now = store.now()
-        return decide(
-            results,
-            attempts=run.attempts,
-            max_attempts=run.max_attempts,
-            abort=abort,
-            run_error=run_error,
-            schedule=settings.backoff_seconds,
-            jitter=settings.backoff_jitter,
-            waiting=Waiting(
-                waiting_for=f"the {run.provider} rate limit",
-                started_at=run.started_at or now,
-                waits=run.waits,
-                now=now,
-                deadline=timedelta(seconds=settings.run_deadline),
-            )
-            if run.kind == RunKind.SYNC
-            else None,
+def decide_run(run: ClaimedRun, done: AttemptReport, settings: Settings, now: datetime) -> Outcome:
+    """The decision for ``run`` after an attempt (pure): its attempts, its backoff, and (a
+    sync) how long it may wait for a rate limit."""
+    return decide(
+        done.results,
+        attempts=run.attempts,
+        max_attempts=run.max_attempts,
+        abort=done.abort,
+        run_error=done.error,
+        schedule=settings.backoff_seconds,
+        jitter=settings.backoff_jitter,
+        waiting=Waiting(
+            waiting_for=f"the {run.provider} rate limit",
+            started_at=run.started_at or now,
+            waits=run.waits,
+            now=now,
+            deadline=timedelta(seconds=settings.run_deadline),
         )
-
-    return decide_for_run
+        if run.kind == RunKind.SYNC
+        else None,
+    )
 
 
 def _json(results: dict[str, TableResult]) -> dict[str, Any]:
@@ -70,9 +61,7 @@ class Outcomes:
         self,
         run: ClaimedRun,
         outcome: Outcome,
-        results: dict[str, TableResult],
-        attempt_results: dict[str, TableResult],
-        processed: int | None,
+        done: AttemptReport,
         logger: Logger,
         *,
         seal: Sealer | None = None,
@@ -80,8 +69,9 @@ class Outcomes:
         if outcome.action is Action.STOP:
             logger.warning("stopped: the lease was lost, so this attempt writes nothing more")
             return
-        sealed_results = _json(results)
-        own_results = _json(attempt_results)
+        processed = done.processed
+        sealed_results = _json(done.results)
+        own_results = _json(done.own)
         if outcome.action is Action.FINISH and outcome.status is RunStatus.FAILED:
             for value in (*sealed_results.values(), *own_results.values()):
                 if value["status"] == TableStatus.RETRY:

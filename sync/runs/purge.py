@@ -8,26 +8,21 @@ import psycopg
 from connectors.errors import Aborted
 from sync.base.abort import AbortReason, AbortSignal
 from sync.errors import LeaseLost
-from sync.jobs.outcome import Action, Decider, Outcome, TableResult, database_error
-from sync.runs.log import Logger
+from sync.jobs.log import Logger
+from sync.jobs.outcome import database_error
+from sync.runs.decide import AttemptReport
 from sync.store import ClaimedRun, RunStore
 from sync.store.db import first_line
-from sync.vocabulary import RunStatus
 
 
 def purge(
-    run: ClaimedRun,
-    store: RunStore,
-    batch_size: int,
-    abort: AbortSignal,
-    logger: Logger,
-    decide: Decider,
-) -> tuple[Outcome, dict[str, TableResult], int | None]:
-    """Returns the outcome, the (empty) results and the records deleted so far."""
-    results: dict[str, TableResult] = {}
+    run: ClaimedRun, store: RunStore, batch_size: int, abort: AbortSignal, logger: Logger
+) -> AttemptReport:
+    """What the attempt gave: no table results, the records deleted so far."""
     processed = run.processed_units
+    done = AttemptReport({}, processed=processed)
     if run.connection_id is None:  # removed by an earlier attempt that died before finishing
-        return Outcome(Action.FINISH, RunStatus.SUCCEEDED), results, processed
+        return done
     try:
         while True:
             abort.check()
@@ -35,20 +30,19 @@ def purge(
                 run.lease, run.connection_id, limit=batch_size, processed_units=processed
             )
             processed += deleted
+            done.processed = processed
             if deleted < batch_size:
                 break
         abort.check()
         store.purge_connection_row(run.lease, run.connection_id)
-        logger.info("purged %d records and the connection row", processed)
-        return Outcome(Action.FINISH, RunStatus.SUCCEEDED), results, processed
+        logger.info("purged %d records and the connection row", done.processed)
     except (Aborted, LeaseLost) as exc:
         if isinstance(exc, LeaseLost):
             abort.trip(AbortReason.LEASE_LOST)
         # A purge is never cancelled; any other abort hands it back or retries it.
         reason = abort.reason
-        if reason is AbortReason.CANCELLED:
-            reason = None
-        return decide(results, abort=reason), results, processed
+        done.abort = None if reason is AbortReason.CANCELLED else reason
     except psycopg.Error as exc:
         logger.warning("database error while purging: %s", first_line(exc))
-        return decide(results, run_error=database_error(exc)), results, processed
+        done.error = database_error(exc)
+    return done

@@ -7,7 +7,7 @@ each attempt's history row its own counts."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from functools import partial
@@ -22,41 +22,34 @@ from sync.base.abort import AbortReason, AbortSignal
 from sync.base.secrets import SecretBox
 from sync.base.settings import Settings
 from sync.errors import LeaseLost
-from sync.ingestions.store import queue_file_ingestions
 from sync.jobs.budgets import BudgetView
 from sync.jobs.connectors import ConnectorSetupError, connector_inputs
-from sync.jobs.outcome import (
-    Action,
-    Outcome,
-    TableResult,
-    database_error,
-    merged,
-    table_status,
-)
-from sync.runs.checkpoints import RunCheckpoints, SliceCheckpoint
+from sync.jobs.log import Logger
+from sync.jobs.outcome import database_error
+from sync.runs.checkpoints import RunCheckpoints
 from sync.runs.context import RunContext
+from sync.runs.decide import AttemptReport, TableResult, merged
 from sync.runs.http_cache import HttpCache
-from sync.runs.log import Logger
-from sync.runs.outcome import Outcomes, decider
+from sync.runs.outcome import Outcomes
 from sync.runs.progress import RunProgress
 from sync.runs.records import RecordWriter
+from sync.runs.slices import SliceResults, slices_due
 from sync.runs.tombstones import TombstonePass, partitions_gone
 from sync.store import ClaimedRun, CompletePasses, RunStore, TableWrites
 from sync.store.db import Connection, first_line
-from sync.vocabulary import SETTLED, ConnectionStatus, ErrorKind, RunError, RunStatus, TableStatus
+from sync.vocabulary import SETTLED, ConnectionStatus, ErrorKind, JobError, TableStatus
 
 
 class _StopAttempt(Exception):
     """The attempt cannot go on (unusable config or credentials, refused credentials)."""
 
-    def __init__(self, error: RunError) -> None:
+    def __init__(self, error: JobError) -> None:
         super().__init__(error.message)
         self.error = error
 
 
 class SyncJob:
-    """Reads a claimed sync's tables; ``run()`` returns the outcome and the results, and says
-    in ``seen_keys_left`` whether some table left seen keys behind."""
+    """Reads a claimed sync's tables; ``run()`` says what the attempt gave."""
 
     def __init__(
         self, store: RunStore, outcomes: Outcomes, settings: Settings, secrets: SecretBox | None
@@ -65,26 +58,17 @@ class SyncJob:
         self._outcomes = outcomes
         self._settings = settings
         self._secrets = secrets
-        self.seen_keys_left = False
 
-    def run(
-        self,
-        run: ClaimedRun,
-        abort: AbortSignal,
-        budget: BudgetView,
-        logger: Logger,
-    ) -> tuple[Outcome, dict[str, TableResult], dict[str, TableResult]]:
-        """Returns the outcome, the run's results (totals of every attempt) and this attempt's
-        own."""
+    def run(self, run: ClaimedRun, abort: AbortSignal, logger: Logger) -> AttemptReport:
         before = {name: TableResult.from_json(r) for name, r in (run.results or {}).items()}
         totals = dict(before)
-        attempt: dict[str, TableResult] = {}
-        self.seen_keys_left = False
-        decide_ = decider(run, self._settings, self._store)
+        budget = BudgetView()
+        done = AttemptReport(totals, waits_slept=budget.waits_slept)
         if run.connection_status != ConnectionStatus.ACTIVE:
             state = run.connection_status or "gone"
-            error = RunError(ErrorKind.CANCELLED, f"the connection is {state}")
-            return Outcome(Action.FINISH, RunStatus.CANCELLED, error=error), totals, attempt
+            done.abort = AbortReason.CANCELLED
+            done.error = JobError(ErrorKind.CANCELLED, f"the connection is {state}")
+            return done
         # Only a run that has written before has checkpoints to resume from.
         checkpoints = RunCheckpoints()
         if run.processed_units > 0:
@@ -92,7 +76,27 @@ class SyncJob:
         try:
             connector, context = self._open_connector(run, abort, budget, logger, checkpoints)
         except _StopAttempt as stop:
-            return decide_(totals, run_error=stop.error), totals, attempt
+            done.error = stop.error
+            return done
+        self._read_tables(run, connector, context, abort, logger, checkpoints, before, done)
+        if done.error is None:
+            done.abort = abort.reason
+        return done
+
+    def _read_tables(
+        self,
+        run: ClaimedRun,
+        connector: Connector,
+        context: RunContext,
+        abort: AbortSignal,
+        logger: Logger,
+        checkpoints: RunCheckpoints,
+        before: dict[str, TableResult],
+        done: AttemptReport,
+    ) -> None:
+        """Reads every table an earlier attempt did not settle, into ``done``; stops at a
+        refusal of the credentials or a rate limit, which every other table would meet too."""
+        totals, attempt = done.results, done.own
         for table in connector.tables:
             totals.setdefault(table.name, TableResult())
         # Tables settled by an earlier attempt are not read again.
@@ -133,33 +137,55 @@ class SyncJob:
                 )
                 logger.info("table %s %s %s", table.name, result.status.value, result.to_json())
                 if table.files and result.status in (TableStatus.SUCCEEDED, TableStatus.PARTIAL):
-                    # New and changed files are queued for ingestion; deleted ones dropped.
-                    queue_file_ingestions(
-                        self._store.pool, run.lease, run.connection_id, table.name, run.max_attempts
-                    )
+                    self._queue_files(run, table, logger)
                 attempt[table.name] = result
                 totals[table.name] = merged(before.get(table.name), result)
                 if result.status is not TableStatus.SUCCEEDED:
-                    self.seen_keys_left = True
+                    done.seen_keys_left = True
                 # Saved as each table ends, so a crash keeps them; the finish saves the last.
                 if table is not unsettled[-1] and abort.reason is not AbortReason.LEASE_LOST:
                     self._outcomes.save_results(run, totals, attempt, abort)
                 kind = result.error.kind if result.error else None
                 if kind is ErrorKind.AUTH:
-                    return decide_(totals, run_error=result.error), totals, attempt
+                    done.error = result.error
+                    return
                 if kind is ErrorKind.RATE_LIMITED:
                     # The provider's budget is spent for every table: end the attempt here.
                     break
         except psycopg.Error as exc:  # reading when the complete passes were
             logger.warning("database error before reading: %s", first_line(exc))
-            error = database_error(exc)
-            return decide_(totals, run_error=error), totals, attempt
+            done.error = database_error(exc)
         finally:
             try:
                 connector.close()
             except Exception:
                 logger.exception("connector close() failed")
-        return decide_(totals, abort=abort.reason), totals, attempt
+
+    def _queue_files(self, run: ClaimedRun, table: Table, logger: Logger) -> None:
+        """New and changed files are queued for ingestion; deleted ones dropped. A database
+        error is logged, not raised: the table's records are written, and the next sync of the
+        table queues what this one could not (the statement compares every live file with what
+        was queued)."""
+        assert run.connection_id is not None
+        try:
+            done = self._store.queue_file_ingestions(
+                run.lease, run.connection_id, table.name, run.max_attempts
+            )
+        except psycopg.Error as exc:
+            logger.warning(
+                "could not queue the ingestions of table %s: %s; the next sync queues them",
+                table.name,
+                first_line(exc),
+            )
+            return
+        if done.queued or done.deleted:
+            logger.info(
+                "table %s: %d file(s) queued for ingestion, %d document(s) of deleted files "
+                "removed",
+                table.name,
+                done.queued,
+                done.deleted,
+            )
 
     def _last_complete_passes(
         self, run: ClaimedRun, tables: list[Table]
@@ -236,11 +262,11 @@ class SyncJob:
         try:
             return cls(context), context
         except ConnectorError as exc:
-            raise _StopAttempt(RunError.of(exc)) from None
+            raise _StopAttempt(JobError.of(exc)) from None
         except Exception as exc:
             logger.exception("connector %s failed to start", run.provider)
             raise _StopAttempt(
-                RunError(ErrorKind.INTERNAL, f"the connector failed to start: {_brief(exc)}")
+                JobError(ErrorKind.INTERNAL, f"the connector failed to start: {_brief(exc)}")
             ) from None
 
     def _sync_table(
@@ -260,7 +286,7 @@ class SyncJob:
         settled. ``due`` says which of its slices are due their periodic complete pass (their
         cursors are withheld). Returns this attempt's result for it."""
         assert run.connection_id is not None
-        slices = _SliceResults(before)
+        slices = SliceResults(before)
         names: list[str | None] | None = None
         try:
             with self._store.pool.connection() as conn:
@@ -325,7 +351,7 @@ class SyncJob:
         abort: AbortSignal,
         logger: Logger,
         checkpoints: RunCheckpoints,
-        slices: _SliceResults,
+        slices: SliceResults,
     ) -> bool:
         """Reads every slice of the table that is not settled. True if the attempt must stop
         here (aborted, rate limited, credentials refused)."""
@@ -386,7 +412,7 @@ class SyncJob:
         logger: Logger,
         checkpoints: RunCheckpoints,
         progress: RunProgress,
-        slices: _SliceResults,
+        slices: SliceResults,
         *,
         last_round: bool,
         all_seen: bool,
@@ -434,7 +460,7 @@ class SyncJob:
         table: Table,
         names: list[str | None],
         tombstones: TombstonePass,
-        slices: _SliceResults,
+        slices: SliceResults,
         logger: Logger,
     ) -> None:
         """Tombstones the rows of the partitions that are gone (no longer listed, or answering
@@ -481,10 +507,10 @@ class SyncJob:
         logger: Logger,
         table: Table,
         partition: str | None = None,
-    ) -> tuple[TableStatus, RunError | None]:
+    ) -> tuple[TableStatus, JobError | None]:
         """What an exception that ended a table (or one of its partitions) means for it."""
         status: TableStatus
-        error: RunError | None
+        error: JobError | None
         if isinstance(exc, Aborted | LeaseLost):
             if isinstance(exc, LeaseLost):
                 logger.warning("lease lost while writing table %s: stopping", table.name)
@@ -495,9 +521,9 @@ class SyncJob:
             }.get(abort.reason or AbortReason.LEASE_LOST, TableStatus.PENDING)
             error = None
         elif isinstance(exc, RetryableError):  # rate limits too, with their retry_after
-            status, error = TableStatus.RETRY, RunError.of(exc)
+            status, error = TableStatus.RETRY, JobError.of(exc)
         elif isinstance(exc, ConnectorError):  # permanent, auth, bad records
-            status, error = TableStatus.FAILED, RunError.of(exc)
+            status, error = TableStatus.FAILED, JobError.of(exc)
             if isinstance(exc, AuthError):
                 logger.warning("credentials refused: %s", exc.message)
         elif isinstance(exc, psycopg.Error):
@@ -508,7 +534,7 @@ class SyncJob:
         else:
             logger.exception("connector raised an unexpected error in table %s", table.name)
             status = TableStatus.RETRY
-            error = RunError(ErrorKind.INTERNAL, f"unexpected error: {_brief(exc)}")
+            error = JobError(ErrorKind.INTERNAL, f"unexpected error: {_brief(exc)}")
         if error is not None:
             if partition is not None:
                 error = replace(error, message=f"{partition}: {error.message}", partition=partition)
@@ -526,142 +552,6 @@ class SyncJob:
 def _seen_keys_intact(conn: Connection, run: ClaimedRun, table: Table) -> bool:
     assert run.connection_id is not None
     return TableWrites(conn, run.lease, run.connection_id, table.name).seen_keys_intact()
-
-
-class _SliceResults:
-    """This attempt's results for the slices of one table (keyed '' for a table read whole),
-    beside what earlier attempts of the run left."""
-
-    def __init__(self, before: TableResult | None) -> None:
-        self._before = dict((before.partitions or {}) if before else {})
-        # A table an operator's retry made pending again reads its failed partitions again.
-        self._retried = before is None or before.status is TableStatus.PENDING
-        self._parts: dict[str, TableResult] = {}
-        self._failure: tuple[TableStatus, RunError | None] | None = None
-
-    def failed_before(self, name: str | None) -> bool:
-        """A partition an earlier attempt gave up for good is not read again."""
-        prior = self._before.get(name or "")
-        return (
-            name is not None
-            and not self._retried
-            and prior is not None
-            and prior.status is TableStatus.FAILED
-        )
-
-    def failed(self, name: str | None) -> bool:
-        now = self._parts.get(name or "")
-        return self.failed_before(name) or (now is not None and now.status is TableStatus.FAILED)
-
-    def add(self, name: str | None, result: TableResult) -> None:
-        self._parts[name or ""] = result
-
-    def tombstoned(self, gone: Mapping[str, int]) -> None:
-        for name, n in gone.items():
-            part = self._parts.setdefault(name, TableResult(TableStatus.SUCCEEDED))
-            part.tombstoned += n
-
-    def absent(self, names: list[str]) -> list[str]:
-        """The partitions whose read answered 404 (or 410), in this attempt or an earlier one
-        of the run."""
-        found = []
-        for name in names:
-            latest = self._parts.get(name) or (
-                self._before.get(name) if not self._retried else None
-            )
-            error = latest.error if latest else None
-            if (
-                latest
-                and latest.status is TableStatus.FAILED
-                and error
-                and error.kind is ErrorKind.GONE
-            ):
-                found.append(name)
-        return found
-
-    def gone(self, names: list[str], tombstoned: Mapping[str, int]) -> None:
-        """Partitions found gone as a whole: each settled, with the rows tombstoned."""
-        for name in names:
-            self._parts[name] = TableResult(
-                TableStatus.SUCCEEDED, tombstoned=tombstoned.get(name, 0)
-            )
-
-    def fail_table(self, status: TableStatus, error: RunError | None) -> None:
-        self._failure = (status, error)
-
-    def result(
-        self,
-        names: list[str | None] | None,
-        slices: Mapping[str, Any],
-        total: int | None,
-        total_estimated: bool,
-    ) -> TableResult:
-        counts = (
-            sum(p.upserted for p in self._parts.values()),
-            sum(p.unchanged for p in self._parts.values()),
-            sum(p.tombstoned for p in self._parts.values()),
-        )
-        partitioned = names != [None] and (names is not None or bool(self._before))
-        if not partitioned:
-            whole = self._parts.get("")
-            status, error = (
-                self._failure
-                if self._failure
-                else (whole.status, whole.error)
-                if whole
-                else (TableStatus.SUCCEEDED, None)
-            )
-            return TableResult(status, *counts, error, total, total_estimated=total_estimated)
-        latest: dict[str, TableResult] = {}
-        for name in [n or "" for n in names or []] or list(self._before):
-            found = self._parts.get(name) or self._before.get(name)
-            done = name in slices and slices[name].done
-            latest[name] = found or TableResult(
-                TableStatus.SUCCEEDED if done else TableStatus.PENDING
-            )
-        failing = [(n, r) for n, r in latest.items() if r.error]
-        if self._failure:
-            status, error = self._failure
-        else:
-            status = table_status(latest) if latest else TableStatus.SUCCEEDED
-            error = None
-            if failing and status is not TableStatus.SUCCEEDED:
-                error = failing[0][1].error
-                if error is not None and status is TableStatus.PARTIAL:
-                    gave_up = [n for n, r in latest.items() if r.status is TableStatus.FAILED]
-                    error = error.with_message(
-                        f"{len(gave_up)} of {len(latest)} partitions failed "
-                        f"({', '.join(gave_up)}); first: {error.message}"
-                    )
-        return TableResult(
-            status, *counts, error, total, dict(self._parts), total_estimated=total_estimated
-        )
-
-
-def slices_due(
-    names: list[str],
-    every: timedelta,
-    last: CompletePasses,
-    began: Mapping[str, SliceCheckpoint],
-    now: datetime,
-) -> set[str]:
-    """The slices (partitions, '' for a table read whole) of an incremental table with a
-    periodic complete pass that this run reads completely (pure): each whose own last complete
-    pass is older than ``every``, or that never had one. So a partition that keeps failing is
-    read completely again and again until it is (and is then tombstoned), while the others go
-    back to their incremental reads after theirs. A slice an earlier attempt of the run began
-    goes on as it began (``began``)."""
-    due = set()
-    for name in names:
-        earlier = began.get(name)
-        if earlier is not None:
-            if earlier.resync:
-                due.add(name)
-            continue
-        when = last.last(name)
-        if when is None or now - when >= every:
-            due.add(name)
-    return due
 
 
 # A table error of these kinds ends the attempt: every other table would meet it too.

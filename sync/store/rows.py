@@ -214,3 +214,15 @@ class UnservedProvider(NamedTuple):
     provider: str
     runs: int
     oldest_run: int
+
+
+@dataclass(frozen=True)
+class FilesQueued:
+    """What the end of a files table's sync did: ingestions queued (new or changed files),
+    documents deleted (tombstoned files), running ingestions asked to stop. ``fenced`` False:
+    the run's lease was lost and nothing was done."""
+
+    fenced: bool
+    queued: int = 0
+    deleted: int = 0
+    stopped: int = 0

@@ -32,6 +32,7 @@ from sync.store.rows import (
     ClaimedRun,
     ClaimTerms,
     CompletePasses,
+    FilesQueued,
     Lease,
     RunControl,
     Seal,
@@ -242,6 +243,23 @@ class RunStore(PooledStore):
             lambda conn: conn.execute(QUERIES.clear_seen_keys, {"run_id": run_id}),
             idempotent=False,
         )
+
+    def queue_file_ingestions(
+        self, lease: Lease, connection_id: int, table_name: str, max_attempts: int
+    ) -> FilesQueued:
+        """The end of a files table's sync, fenced by the run: new and changed files queued
+        for ingestion, the documents of tombstoned ones deleted."""
+        params = {
+            **_fence(lease),
+            "connection_id": connection_id,
+            "table_name": table_name,
+            "max_attempts": max_attempts,
+        }
+        row = self._on_pool(
+            lambda conn: conn.execute(QUERIES.queue_file_ingestions, params).fetchone()
+        )
+        assert row is not None
+        return FilesQueued(bool(row["fenced"]), row["queued"], row["deleted"], row["stopped"])
 
     def block_rate_budget(self, key: str, until: datetime, reason: str) -> None:
         """Record that a shared rate budget is spent until ``until`` (never shortened)."""

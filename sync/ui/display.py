@@ -11,7 +11,7 @@ from typing import Any
 
 import connectors
 from sync.models import Run
-from sync.vocabulary import RunError, RunKind, TableStatus
+from sync.vocabulary import JobError, RunKind, TableStatus
 
 DONE_TABLE_STATUSES = frozenset({TableStatus.SUCCEEDED, TableStatus.FAILED, TableStatus.CANCELLED})
 
@@ -47,21 +47,21 @@ def relative(value: datetime | None, now: datetime) -> str:
     return f"in {duration(delta)}" if delta > 0 else f"{duration(-delta)} ago"
 
 
-def error_headline(error: RunError | Mapping[str, Any] | None) -> str:
+def error_headline(error: JobError | Mapping[str, Any] | None) -> str:
     """The first line of an error, for lists; the run's page shows it whole."""
     if not error:
         return ""
-    if isinstance(error, RunError):
+    if isinstance(error, JobError):
         error = error.to_json()
     message = str(error.get("message", "")).strip()
     return f"{error.get('kind', 'error')}: {message.splitlines()[0] if message else ''}"
 
 
-def error_details(error: RunError | Mapping[str, Any] | None) -> str:
+def error_details(error: JobError | Mapping[str, Any] | None) -> str:
     """Everything an error carries besides its kind and message, as JSON; empty if nothing."""
     if not error:
         return ""
-    if isinstance(error, RunError):
+    if isinstance(error, JobError):
         error = error.to_json()
     rest = {k: v for k, v in error.items() if k not in ("kind", "message") and v is not None}
     return json.dumps(rest, indent=2, sort_keys=True, default=str) if rest else ""

@@ -1,11 +1,15 @@
-"""The worker process: one run at a time, awaited inline; scale by running more processes.
+"""The worker process: it runs slots, each a kind of leased work (``sync.jobs``) and how many of
+its units at once. The main slot runs sync runs one at a time, awaited inline in the loop (scale
+by running more processes); lane slots run application jobs and ingestions on threads of their
+own (``sync.worker.slots``), every unit through the one executor.
 
-``Worker.poll()`` runs a fixed list of stages once (heartbeat, due schedules, claim and execute
-at most one run, sweep of seen keys, retention), each wrapped so one failing stage never skips the
-others. ``run()`` loops ``poll(); wait(poll_interval)``, woken early by LISTEN/NOTIFY, and runs
-each service (``sync.worker.services``) on a timer thread of its own meanwhile, so a run that
-executes for hours starves none of them; ``poll()`` then leaves them to their timers. Tests call
-``poll()``, with no timers.
+``Worker.poll()`` runs a fixed list of stages once (heartbeat, due schedules, one unit of the
+main slot, one of each lane slot not running on its own threads, sweep of seen keys, retention,
+the kinds' services), each wrapped so one failing stage never skips the others. ``run()`` loops
+``poll(); wait(poll_interval)``, woken early by LISTEN/NOTIFY, starts the lane slots' threads,
+and runs each service (``sync.worker.services``) on a timer thread of its own meanwhile, so a
+run that executes for hours starves none of them; ``poll()`` then leaves them to their threads
+and timers. Tests call ``poll()``, with no threads and no timers.
 
 A worker registers when it is created: its own incarnation of its id (process, host, version,
 start time) and the providers whose connectors it has loaded. It claims only syncs of those
@@ -14,17 +18,14 @@ providers; a second live worker with the same id is refused.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
 import signal
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from types import FrameType
 from typing import Any
@@ -37,23 +38,23 @@ import connectors
 from sync.base.abort import AbortReason
 from sync.base.secrets import SecretBox
 from sync.base.settings import Settings
-from sync.base.signals import TestSignal
 from sync.errors import Conflict
-from sync.ingestions.stage import IngestionStage
 from sync.jobs.executor import Executor
 from sync.jobs.lease import LeaseKeeper
 from sync.jobs.metrics import WorkerMetrics, counter_family
-from sync.queues.postgres import PostgresQueues
-from sync.store import ClaimedRun, ClaimTerms, RetryPolicy, RunStore, Seal, WorkerRow
-from sync.store.db import Pool, connect_listener, first_line, listen_url
+from sync.jobs.registry import Factory, WorkerParts
+from sync.jobs.service import Service
+from sync.store import RunStore, WorkerRow
+from sync.store.db import Pool, first_line, listen_url
 from sync.store.migrations import check_schema
-from sync.worker.services import Cleaner, Heartbeat, ScheduleEnqueuer, SeenKeySweeper, Service
-from sync.worker.slots import Lanes
+from sync.worker.listener import Listener
+from sync.worker.services import Cleaner, Heartbeat, ScheduleEnqueuer, SeenKeySweeper
+from sync.worker.slots import Slot
 
 log = logging.getLogger("sync.worker")
 
-# The kinds of leased work a worker runs, exported as zeros before their first lease is lost.
-LEASE_KINDS = ("run", "job", "ingestion")
+# The poll stage of the main slot.
+MAIN_STAGE = "claim"
 
 # Worker ids registered by the Worker objects of this process that are still open: a previous
 # incarnation recorded with this process's own pid is one of them, or a dead process whose pid
@@ -70,121 +71,6 @@ def _version() -> str:
         return "0+unknown"
 
 
-class Listener:
-    """Holds a LISTEN connection and sets ``wake`` on every notification of a run; one of an
-    application job (``job:<queue>``) wakes only that queue's lanes (``on_job``). Reconnects
-    with backoff when the connection drops, and wakes the worker and every lane after
-    reconnecting, since notifications sent meanwhile are lost."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        url: str,
-        wake: threading.Event,
-        on_job: Callable[[str | None], object] | None = None,
-        worker_id: str | None = None,
-    ) -> None:
-        self._settings = settings
-        self._worker_id = worker_id  # also listens on this worker's own channel
-        self._url = url
-        self._wake = wake
-        self._on_job = on_job
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        # A second handle on the LISTEN session's socket, for stop() to shut it down with.
-        self._socket: socket.socket | None = None
-        self.connected = threading.Event()
-        self.failures = 0
-        self.lost = TestSignal()  # emitted each time the connection is lost
-
-    def start(self) -> None:
-        if self.alive:
-            return
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._loop, name="listener", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        # The session waits for a notification with no statement running, so a cancel request
-        # would not end the wait (only the next liveness check would, seconds later): shutting
-        # its socket down ends it at once. The handle is a duplicate the loop owns, so its
-        # number can never name another connection's socket meanwhile.
-        handle = self._socket
-        if handle is not None:
-            with contextlib.suppress(OSError):
-                handle.shutdown(socket.SHUT_RDWR)
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _loop(self) -> None:
-        delay = 0.5
-        while not self._stopping.is_set():
-            try:
-                with connect_listener(self._settings, self._url) as conn:
-                    self._socket = socket.socket(fileno=os.dup(conn.pgconn.socket))
-                    if self._stopping.is_set():
-                        return
-                    # The listener's own statements stay here rather than in a store: they run
-                    # on this dedicated session (not the pool's, and past any transaction
-                    # pooler), which has no search_path of the engine's, so the names are
-                    # schema-qualified with psycopg.sql, and LISTEN takes its channel as an
-                    # identifier, never a parameter. Neither fits a named statement.
-                    channel = conn.execute(
-                        psycopg.sql.SQL("SELECT {}.notify_channel() AS c").format(
-                            psycopg.sql.Identifier(self._settings.schema_name)
-                        )
-                    ).fetchone()
-                    assert channel is not None
-                    conn.execute(
-                        psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel["c"]))
-                    )
-                    if self._worker_id is not None:
-                        own = conn.execute(
-                            psycopg.sql.SQL("SELECT {}.worker_channel_v3(%s) AS c").format(
-                                psycopg.sql.Identifier(self._settings.schema_name)
-                            ),
-                            (self._worker_id,),
-                        ).fetchone()
-                        assert own is not None
-                        conn.execute(
-                            psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(own["c"]))
-                        )
-                    self.connected.set()
-                    self._wake.set()
-                    if self._on_job is not None:
-                        self._on_job(None)
-                    delay = 0.5
-                    while not self._stopping.is_set():
-                        # The timeout doubles as a liveness check of a half-open connection.
-                        timeout = self._settings.listen_check_interval
-                        for note in conn.notifies(timeout=timeout, stop_after=1):
-                            if not note.payload.startswith("job:"):
-                                self._wake.set()
-                            elif self._on_job is not None:
-                                self._on_job(note.payload[4:])
-                        conn.execute("SELECT 1")
-            except Exception as exc:
-                self.connected.clear()
-                if self._stopping.is_set():
-                    return
-                self.failures += 1
-                self.lost.emit()
-                log.warning(
-                    "LISTEN connection lost (%s); reconnecting in %.1f s", first_line(exc), delay
-                )
-                self._stopping.wait(delay)
-                delay = min(delay * 2, self._settings.max_backoff)
-            finally:
-                handle, self._socket = self._socket, None
-                if handle is not None:
-                    handle.close()
-
-
 class Worker:
     def __init__(
         self,
@@ -196,8 +82,12 @@ class Worker:
         worker_id: str | None = None,
         listen: bool = True,
         providers: Sequence[str] | None = None,
-        queues: PostgresQueues | None = None,
+        queues: Any = None,
+        kinds: Sequence[Factory] = (),
     ) -> None:
+        """``kinds``: the factories of the kinds this worker runs (``sync.jobs.registry``), each
+        giving its slots; ``queues``: the application queues of this process, with their
+        handlers registered, for the kind that runs their jobs."""
         self.settings = settings
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         # Plugins are loaded once, at start: a package installed later needs a restart.
@@ -206,17 +96,11 @@ class Worker:
         self._registered = False  # this incarnation owns the id's row in `workers`
         self._open_here = False  # the id is in this process's _open_here
         self._pool = pool
-        # An outcome is repeated while its connection is lost for most of a lease: the lease
-        # keeper stops the run before the lease runs out.
-        self._store = RunStore(pool, retry=RetryPolicy(within=settings.lease_seconds * 0.8))
-        # The one shape of this worker's claims of runs: its id, its lease, its providers.
-        self._claim_terms = ClaimTerms(self.id, settings.lease_seconds, self.providers)
+        self._store = RunStore(pool)
         self._url = url
         self._wake = threading.Event()
         self._running = False
         self._stop_requested = False
-        self._continuous = False  # run() sets it: finish-and-claim in one round trip
-        self._prefetched: ClaimedRun | None = None
         self.heartbeat = Heartbeat(
             pool,
             settings,
@@ -224,7 +108,7 @@ class Worker:
             incarnation=self.incarnation,
             version=_version(),
             providers=self.providers,
-            current_run=lambda: self._current_run_id,
+            current_run=self._current_run_id,
             on_taken_over=self._taken_over,
         )
         self.schedules = ScheduleEnqueuer(pool, settings)
@@ -236,46 +120,62 @@ class Worker:
             self.sweeper,
             self.cleaner,
         ]
-        # While a run executes, the lease keeper's thread sends the heartbeat when it is due,
+        # While a unit runs, the lease keeper's thread also sends the heartbeat when it is due,
         # also when poll() is called without the services' timers.
         self._keeper = LeaseKeeper.for_url(settings, url, on_tick=self.heartbeat.run_if_due)
-        # The application queues' lanes, if CONNECTOR_SYNC_LANES gives this process any.
         self.metrics = WorkerMetrics()
         self.metrics.watch(self._keeper_figures)
-        self._lanes = (
-            Lanes.from_settings(queues, self._keeper, settings, self.metrics) if queues else None
-        )
-        on_job = self._lanes.wake if self._lanes is not None else None
-        self._listener = self._make_listener(url, on_job) if listen else None
-        self._executor = Executor(
-            self._store, settings, secrets, self._keeper, self.id, metrics=self.metrics
-        )
-        self._current_run_id: int | None = None
+        self._executor = Executor(self._keeper, self.id, self.metrics)
+        self._listener = self._make_listener(url) if listen else None
         self.stage_failures: dict[str, int] = {}
         self.database_failures = 0  # consecutive polls in which the database failed
-        self.runs_executed = 0
         with pool.connection() as conn:
             check_schema(conn, settings.schema_name)
         self._register()
-        if queues is not None:
-            lanes = self._lanes.served if self._lanes is not None else {}
-            queues.store.set_worker_lanes(self.id, self.incarnation, lanes)
-        self.ingestions = IngestionStage(
-            pool, settings, secrets, self._keeper, self.id, self.providers,
-            stopping=lambda: self._stop_requested, runs_executed=lambda: self.runs_executed,
-        )  # fmt: skip
+        parts = WorkerParts(
+            pool=pool,
+            settings=settings,
+            secrets=secrets,
+            worker_id=self.id,
+            incarnation=self.incarnation,
+            providers=self.providers,
+            metrics=self.metrics,
+            queues=queues,
+            listening=self._listening,
+            stopping=lambda: self._stop_requested,
+        )
+        self.slots: list[Slot] = []
+        self._main: Slot | None = None
+        self._lanes: list[Slot] = []
+        try:
+            for factory in kinds:
+                for spec in factory(parts):
+                    self.slots.append(
+                        Slot(
+                            spec,
+                            self._executor,
+                            poll_interval=settings.poll_interval,
+                            metrics=self.metrics,
+                        )
+                    )
+                    self.services.extend(spec.services)
+        except BaseException:
+            self.close()
+            raise
+        mains = [slot for slot in self.slots if slot.spec.main]
+        self._main = mains[0] if mains else None
+        self._lanes = [slot for slot in self.slots if not slot.spec.main]
         self._stages: list[tuple[str, Callable[[], bool]]] = [
             ("heartbeat", _inline(self.heartbeat)),
             ("schedules", _inline(self.schedules)),
-            ("claim", self._claim_and_execute),
-            ("ingestions", self.ingestions.poll),
+            *((MAIN_STAGE, _run_once(slot)) for slot in mains[:1]),
+            *((_stage_name(slot), _run_once(slot)) for slot in self._lanes),
             ("sweep", _inline(self.sweeper)),
             ("clean", _inline(self.cleaner)),
+            *((service.name, _inline(service)) for service in self.services[4:]),
         ]
 
-    def _make_listener(
-        self, url: str, on_job: Callable[[str | None], object] | None
-    ) -> Listener | None:
+    def _make_listener(self, url: str) -> Listener | None:
         """The LISTEN connection, on ``listen_url`` if set; none behind a transaction pooler
         without it, where a LISTEN would be lost with its server connection."""
         target = listen_url(self.settings, url)
@@ -286,12 +186,30 @@ class Worker:
                 self.settings.poll_interval,
             )
             return None
-        return Listener(self.settings, target, self._wake, on_job, worker_id=self.id)
+        return Listener(self.settings, target, self._wake, self._wake_slots, worker_id=self.id)
+
+    def _wake_slots(self, queue: str | None) -> None:
+        """A notification for the lanes: of one application queue, or (None) for all."""
+        for slot in self._lanes:
+            if queue is None or slot.spec.wakes_on == queue or slot.spec.wakes_on is None:
+                slot.wake()
+
+    def _listening(self) -> bool:
+        listener = self._listener
+        return self._running and listener is not None and listener.connected.is_set()
+
+    @property
+    def runs_executed(self) -> int:
+        return self._main.units_run if self._main is not None else 0
+
+    def slot(self, kind: str) -> Slot:
+        """The (first) slot of a kind, by its name."""
+        return next(s for s in self.slots if s.kind.name == kind)
 
     # -- the loop --------------------------------------------------------------------------
 
     def poll(self) -> bool:
-        """Run every stage once. True if a run was executed (there may be more waiting)."""
+        """Run every stage once. True if a slot ran a unit (there may be more waiting)."""
         self._keeper.start()
         executed = False
         database_down = False
@@ -321,14 +239,15 @@ class Worker:
         if install_signals:
             self._install_signal_handlers()
         self._running = True
-        self._continuous = not once
-        if self._listener is not None and not once:
-            self._listener.start()
         if not once:
+            if self._listener is not None:
+                self._listener.start()
             for service in self.services:
                 service.start()
-        if self._lanes is not None and not once:
-            self._lanes.start()
+            for slot in self._lanes:
+                slot.start()
+            if self._main is not None:
+                self._main.kind.start()
         log.info("worker %s started", self.id)
         try:
             while self._running:
@@ -336,41 +255,42 @@ class Worker:
                 executed = self.poll()
                 if once:
                     break
-                if self._listener is not None and not self._listener.alive:
-                    log.error("the LISTEN thread died; restarting it")
-                    self._listener.start()
-                for service in self.services:
-                    if service.started and not service.alive:
-                        log.error("the %s thread died; restarting it", service.name)
-                        service.start()
+                self._restart_what_died()
                 if not executed:
                     self._wake.wait(self.idle_wait())
         finally:
             self.close()
 
+    def _restart_what_died(self) -> None:
+        if self._listener is not None and not self._listener.alive:
+            log.error("the LISTEN thread died; restarting it")
+            self._listener.start()
+        for service in self.services:
+            if service.started and not service.alive:
+                log.error("the %s thread died; restarting it", service.name)
+                service.start()
+
     def stop(self) -> None:
-        """Graceful shutdown: the running run is handed back to the queue at once."""
+        """Graceful shutdown: every running unit is handed back to its queue at once."""
         self._running = False
         self._stop_requested = True
-        current = self._executor.current
-        if current is not None:
-            current.trip(AbortReason.SHUTDOWN)
+        self._executor.stop(AbortReason.SHUTDOWN)
         self._wake.set()
 
     def close(self) -> None:
         self._running = False
-        try:
-            self._hand_back_prefetched()
-        except Exception as exc:  # its lease expires and another worker takes it
-            log.warning("could not hand back the run claimed last: %s", first_line(exc))
+        if self._main is not None:
+            try:
+                self._main.kind.stop()
+            except Exception as exc:  # its lease expires and another worker takes it
+                log.warning("could not hand back the run claimed last: %s", first_line(exc))
         if self._listener is not None:
             self._listener.stop()
         for service in self.services:
             service.stop()
-        if self._lanes is not None:
-            self._lanes.stop()
+        for slot in self._lanes:
+            slot.stop()
         self._keeper.stop()
-        self.ingestions.close()
         with _open_here_lock:
             if self._open_here:
                 _open_here.discard(self.id)
@@ -436,40 +356,12 @@ class Worker:
         self._registered = False  # its stop is not this incarnation's to record
         self.stop()
 
-    def _claim_and_execute(self) -> bool:
-        if self._stop_requested:
-            return False
-        run, self._prefetched = self._prefetched, None
-        if run is None:
-            began = time.monotonic()
-            run = self._store.claim(self._terms())
-            found = "empty" if run is None else "claimed"
-            self.metrics.claim_seconds.labels(found).observe(time.monotonic() - began)
-            if run is None:
-                return False
-        self._current_run_id = run.id  # the next heartbeat says so
-        try:
-            self._executor.execute(run, seal=self._seal)
-        finally:
-            self._current_run_id = None
-            self.runs_executed += 1
-        return True
-
-    def _terms(self) -> ClaimTerms:
-        """The claim's terms as of now: an empty claim may mark this worker idle, to be woken
-        alone on its own channel, only while its loop runs and its LISTEN connection is up."""
-        listener = self._listener
-        wakeable = self._continuous and listener is not None and listener.connected.is_set()
-        return replace(self._claim_terms, wakeable=wakeable)
-
-    def _seal(self, seal: Seal) -> bool:
-        """The finish of the run just executed. In the loop it claims the next run in the same
-        round trip (kept for the next poll); a bare poll() (tests, `worker --once`) and a
-        worker asked to stop leave nothing claimed behind."""
-        if not self._continuous or self._stop_requested:
-            return self._store.finish(seal)
-        sealed, self._prefetched = self._store.finish_and_claim(seal, self._terms())
-        return sealed
+    def _current_run_id(self) -> int | None:
+        """The run the main slot is running, for the heartbeat."""
+        main = self._main
+        for unit in main.running if main is not None else ():
+            return getattr(unit, "id", None)
+        return None
 
     def _keeper_figures(self) -> Iterator[CounterMetricFamily]:
         """What the lease keeper and the poll loop count, for this worker's registry."""
@@ -478,27 +370,38 @@ class Worker:
             "Leases this worker found lost (expired, or taken by another worker), by kind of "
             "work: its attempt stopped writing",
             "kind",
-            {**dict.fromkeys(LEASE_KINDS, 0), **self._keeper.losses},
+            {**dict.fromkeys(self._kinds(), 0), **self._keeper.losses},
         )
         yield counter_family(
             "lease_renewals",
             "Lease renewals that extended a lease, by kind of work",
             "kind",
-            {**dict.fromkeys(LEASE_KINDS, 0), **self._keeper.renewals},
+            {**dict.fromkeys(self._kinds(), 0), **self._keeper.renewals},
         )
         yield counter_family(
             "stage_failures", "Poll stages that raised, by stage", "stage", self.stage_failures
         )
 
-    def _hand_back_prefetched(self) -> None:
-        """A run claimed with the last finish but not started: back to the queue, no attempt
-        spent."""
-        run, self._prefetched = self._prefetched, None
-        if run is None:
-            return
-        seal = Seal(run.lease, "queued", run.results, {}, None)
-        self._store.hand_back(seal, timeout=5, repeat=False)
-        log.info("handed back run %d, claimed but not started", run.id)
+    def _kinds(self) -> list[str]:
+        """The kinds of leased work this worker runs, exported as zeros before their first
+        lease is lost."""
+        return sorted({s.kind.lease_kind.name for s in self.slots if s.kind.lease_kind})
+
+
+def _stage_name(slot: Slot) -> str:
+    scope = slot.spec.wakes_on
+    return f"{slot.kind.name}:{scope}" if scope else slot.kind.name
+
+
+def _run_once(slot: Slot) -> Callable[[], bool]:
+    """A poll stage that runs one unit of ``slot`` when no thread of its own runs it."""
+
+    def stage() -> bool:
+        if slot.started:
+            return False
+        return slot.run_once()
+
+    return stage
 
 
 def _inline(service: Service[Any]) -> Callable[[], bool]:

@@ -4,8 +4,8 @@ it) and test signals. The heartbeat and the schedule enqueuer run on every worke
 and the cleaner run on one worker of the fleet per interval (a durable marker in the database)."""
 
 from sync.base.signals import TestSignal
-from sync.worker.services.base import Service, ServiceSignals
-from sync.worker.services.cleaner import Cleaner, Kind, PruneReport, RetentionRules, prune
+from sync.jobs.service import Service, ServiceSignals
+from sync.worker.services.cleaner import Cleaner, PruneReport, Retained, RetentionRules, prune
 from sync.worker.services.fleet_task import FleetTask
 from sync.worker.services.heartbeat import Heartbeat
 from sync.worker.services.schedules import ScheduleEnqueuer
@@ -15,8 +15,8 @@ __all__ = [
     "Cleaner",
     "FleetTask",
     "Heartbeat",
-    "Kind",
     "PruneReport",
+    "Retained",
     "RetentionRules",
     "ScheduleEnqueuer",
     "SeenKeySweeper",

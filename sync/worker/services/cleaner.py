@@ -37,9 +37,9 @@ from enum import StrEnum
 from typing import Any
 
 from sync.base.settings import Settings
+from sync.jobs.service import Ticks
 from sync.store import maintenance as store
 from sync.store.db import Pool
-from sync.worker.services.base import Clock
 from sync.worker.services.fleet_task import FleetTask
 
 log = logging.getLogger("sync.worker")
@@ -47,7 +47,7 @@ log = logging.getLogger("sync.worker")
 DAY = timedelta(days=1)
 
 
-class Kind(StrEnum):
+class Retained(StrEnum):
     """The kinds of rows retention deletes, in the order a pass deletes them."""
 
     RUNS = "runs"
@@ -99,7 +99,7 @@ class PruneReport:
 
     dry_run: bool
     rules: RetentionRules
-    deleted: dict[Kind, int] = field(default_factory=lambda: dict.fromkeys(Kind, 0))
+    deleted: dict[Retained, int] = field(default_factory=lambda: dict.fromkeys(Retained, 0))
     statements: int = 0
     complete: bool = True  # False: the pass was stopped before it was done
 
@@ -149,11 +149,11 @@ def prune(
                 delete=delete,
             )
         report.statements += 1
-        report.deleted[Kind.RUNS] += runs.runs
-        report.deleted[Kind.ATTEMPTS] += runs.attempts
+        report.deleted[Retained.RUNS] += runs.runs
+        report.deleted[Retained.ATTEMPTS] += runs.attempts
         position = runs.next
 
-    def each(kind: Kind, batch: Callable[[store.Connection], store.Batch]) -> None:
+    def each(kind: Retained, batch: Callable[[store.Connection], store.Batch]) -> None:
         while not stopped():
             with pool.connection() as conn:
                 found = batch(conn)
@@ -162,16 +162,16 @@ def prune(
             if limit is None or found.found < limit:
                 return
 
-    each(Kind.SEEN_KEYS, lambda c: store.prune_seen_keys(c, limit=limit, delete=delete))
+    each(Retained.SEEN_KEYS, lambda c: store.prune_seen_keys(c, limit=limit, delete=delete))
     each(
-        Kind.WORKERS,
+        Retained.WORKERS,
         lambda c: store.prune_workers(
             c, older_than=rules.stopped_workers, limit=limit, delete=delete
         ),
     )
-    each(Kind.RATE_BUDGETS, lambda c: store.prune_rate_budgets(c, limit=limit, delete=delete))
+    each(Retained.RATE_BUDGETS, lambda c: store.prune_rate_budgets(c, limit=limit, delete=delete))
     each(
-        Kind.HTTP_CACHE,
+        Retained.HTTP_CACHE,
         lambda c: store.prune_http_cache(
             c, older_than=rules.http_cache, limit=limit, delete=delete
         ),
@@ -179,18 +179,18 @@ def prune(
 
     def jobs(conn: store.Connection) -> store.Batch:
         found = store.prune_jobs(conn, limit=limit, delete=delete)
-        report.deleted[Kind.JOB_ATTEMPTS] += found.attempts
+        report.deleted[Retained.JOB_ATTEMPTS] += found.attempts
         return store.Batch(found.found, found.deleted)
 
-    each(Kind.JOBS, jobs)
+    each(Retained.JOBS, jobs)
     each(
-        Kind.INGESTIONS,
+        Retained.INGESTIONS,
         lambda c: store.prune_ingestions(c, older_than=rules.history, limit=limit, delete=delete),
     )
     if rules.tombstones is not None:
         tombstones = rules.tombstones
         each(
-            Kind.TOMBSTONES,
+            Retained.TOMBSTONES,
             lambda c: store.prune_tombstones(c, older_than=tombstones, limit=limit, delete=delete),
         )
     return report
@@ -204,7 +204,7 @@ class Cleaner(FleetTask):
     task = "retention"
 
     def __init__(
-        self, pool: Pool, settings: Settings, *, worker_id: str, clock: Clock = time.monotonic
+        self, pool: Pool, settings: Settings, *, worker_id: str, clock: Ticks = time.monotonic
     ) -> None:
         super().__init__(
             pool, settings.clean_interval, settings.max_backoff, worker_id=worker_id, clock=clock

@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from datetime import timedelta
 
+from sync.jobs.service import Service, Ticks
 from sync.store import maintenance as store
 from sync.store.db import Pool
-from sync.worker.services.base import Clock, Service
 
 
 class FleetTask(Service[dict[str, int] | None]):
@@ -27,7 +27,7 @@ class FleetTask(Service[dict[str, int] | None]):
         max_backoff: float,
         *,
         worker_id: str,
-        clock: Clock = time.monotonic,
+        clock: Ticks = time.monotonic,
     ) -> None:
         super().__init__(interval, max_backoff, clock=clock)
         self._pool = pool

@@ -12,9 +12,9 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from sync.base.settings import Settings
+from sync.jobs.service import Service, Ticks
 from sync.store import RunStore
 from sync.store.db import Pool
-from sync.worker.services.base import Clock, Service
 
 log = logging.getLogger("sync.worker")
 
@@ -36,7 +36,7 @@ class Heartbeat(Service[bool]):
         providers: Sequence[str],
         current_run: Callable[[], int | None],
         on_taken_over: Callable[[], None],
-        clock: Clock = time.monotonic,
+        clock: Ticks = time.monotonic,
     ) -> None:
         super().__init__(settings.heartbeat_interval, settings.max_backoff, clock=clock)
         self._store = RunStore(pool)

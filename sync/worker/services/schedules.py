@@ -8,9 +8,9 @@ import logging
 import time
 
 from sync.base.settings import Settings
+from sync.jobs.service import Service, Ticks
 from sync.store import RunStore
 from sync.store.db import Pool
-from sync.worker.services.base import Clock, Service
 
 log = logging.getLogger("sync.worker")
 
@@ -20,7 +20,7 @@ class ScheduleEnqueuer(Service[int]):
 
     name = "schedules"
 
-    def __init__(self, pool: Pool, settings: Settings, *, clock: Clock = time.monotonic) -> None:
+    def __init__(self, pool: Pool, settings: Settings, *, clock: Ticks = time.monotonic) -> None:
         super().__init__(settings.schedule_interval, settings.max_backoff, clock=clock)
         self._store = RunStore(pool)
         self._settings = settings

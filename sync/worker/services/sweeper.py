@@ -8,9 +8,9 @@ import logging
 import time
 
 from sync.base.settings import Settings
+from sync.jobs.service import Ticks
 from sync.store import maintenance as store
 from sync.store.db import Pool
-from sync.worker.services.base import Clock
 from sync.worker.services.fleet_task import FleetTask
 
 log = logging.getLogger("sync.worker")
@@ -21,7 +21,7 @@ class SeenKeySweeper(FleetTask):
     task = "sweep_seen_keys"
 
     def __init__(
-        self, pool: Pool, settings: Settings, *, worker_id: str, clock: Clock = time.monotonic
+        self, pool: Pool, settings: Settings, *, worker_id: str, clock: Ticks = time.monotonic
     ) -> None:
         super().__init__(
             pool, settings.sweep_interval, settings.max_backoff, worker_id=worker_id, clock=clock

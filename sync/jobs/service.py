@@ -26,7 +26,7 @@ T = TypeVar("T")
 
 log = logging.getLogger("sync.worker.services")
 
-Clock = Callable[[], float]
+Ticks = Callable[[], float]
 """Seconds on a monotonic scale; ``time.monotonic`` unless a test drives it."""
 
 
@@ -43,7 +43,7 @@ class Service(Generic[T]):
 
     name = "service"
 
-    def __init__(self, interval: float, max_backoff: float, *, clock: Clock = time.monotonic):
+    def __init__(self, interval: float, max_backoff: float, *, clock: Ticks = time.monotonic):
         self.interval = interval
         self._max_backoff = max_backoff
         self._clock = clock
