@@ -171,6 +171,4 @@ def test_describe_ingestion() -> None:
     failed = _ingestion(
         status=IngestionStatus.FAILED, error={"kind": "document", "message": "a.zip: bomb"}
     )
-    assert describe_ingestion(failed, workers_alive=1, now=now) == (
-        "failed: document: a.zip: bomb"
-    )
+    assert describe_ingestion(failed, workers_alive=1, now=now) == ("failed: document: a.zip: bomb")
