@@ -189,12 +189,6 @@ class Settings(BaseSettings):
         description="Seconds between a lane-serving worker's scans for due cron schedules of "
         "the application queues (how late a tick may fire).",
     )
-    queue_prune_interval: float = Field(
-        default=60.0,
-        gt=0,
-        description="Seconds between a lane-serving worker's deletions of the jobs past their "
-        "queue's retention (the cleaner deletes them too, every clean_interval).",
-    )
 
     # Ingestions: files made searchable (see docs/documents.md).
     ingestion_batch_size: int = Field(

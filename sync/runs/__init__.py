@@ -1,9 +1,10 @@
-"""The run kind of leased work: a connection's sync or purge, as one claimed run is executed
-(``sync.jobs.executor``) and its outcome applied.
+"""The kind of sync runs: a connection's sync or purge, claimed and held by the worker's main
+slot, its outcome decided and applied.
 
-- ``log``: the run log, tagged with the run, connection, attempt and worker;
+- ``kind``: the run as a kind of leased work (its claim, lease, handling, decision, writes);
 - ``context``: what the connector sees of the engine;
-- ``sync``: the sync, table by table and slice by slice, with its tombstone pass;
+- ``sync``: the sync, table by table and slice by slice (``slices``), with its tombstone pass
+  (``tombstones``), through the record writer (``records``) and its checkpoints;
 - ``purge``: the purge of a deleted connection;
-- ``outcome``: the decision (``retry_policy.decide``) for the run, and its application.
+- ``decide``: the run's pure decision; ``outcome``: its application through the store.
 """
