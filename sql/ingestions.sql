@@ -47,9 +47,7 @@ RETURNING lease_expires_at;
 SELECT i.cancel_requested_at IS NOT NULL
        OR (i.source = 'file' AND NOT EXISTS (
                SELECT 1 FROM connections c
-                WHERE c.id = i.connection_id AND c.status <> 'deleting')) AS cancel_requested,
-       (SELECT b.blocked_until FROM connections c JOIN rate_budgets b ON b.key = c.budget_key
-         WHERE c.id = i.connection_id AND b.blocked_until > now()) AS budget_blocked_until
+                WHERE c.id = i.connection_id AND c.status <> 'deleting')) AS cancel_requested
   FROM ingestions i
  WHERE ingestion_fence_v1(i, %(ingestion_id)s, %(lease_owner)s);
 

@@ -55,11 +55,8 @@ WITH renewed AS (
 SELECT lease_expires_at FROM renewed;
 
 -- name: read_run_control
--- What the lease keeper polls: no row means the lease is lost; cancel_requested means stop;
--- budget_blocked_until says the run's shared rate budget is spent until then.
-SELECT r.cancel_requested_at IS NOT NULL AS cancel_requested,
-       (SELECT b.blocked_until FROM rate_budgets b
-         WHERE b.key = r.budget_key AND b.blocked_until > now()) AS budget_blocked_until
+-- What the lease keeper polls: no row means the lease is lost; cancel_requested means stop.
+SELECT r.cancel_requested_at IS NOT NULL AS cancel_requested
   FROM connection_runs r
  WHERE run_fence_v1(r, %(run_id)s, %(lease_owner)s);
 

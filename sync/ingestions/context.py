@@ -27,7 +27,7 @@ from sync.errors import LeaseLost
 from sync.ingestions import store
 from sync.jobs.budgets import SharedBudget, shared_key
 from sync.jobs.connectors import refresh_credentials
-from sync.jobs.lease import Control, Lease
+from sync.jobs.lease import Lease
 from sync.store import RunStore
 from sync.store.db import Connection, Pool
 
@@ -169,10 +169,6 @@ class IngestionContext:
     @property
     def max_inline_wait(self) -> float:
         return self._max_inline_wait
-
-    def learn(self, control: Control) -> None:
-        """What the lease keeper's control read says of the connection's rate budget."""
-        self._budget.view.learn(control)
 
     def refresh_credentials(
         self, refresh: Callable[[Mapping[str, Any]], Mapping[str, Any]]

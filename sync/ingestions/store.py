@@ -60,7 +60,7 @@ def read_control(conn: Connection, lease: Lease) -> Control:
     if row is None:
         return Control(AbortReason.LEASE_LOST)
     stop = AbortReason.CANCELLED if row["cancel_requested"] else None
-    return Control(stop, row["budget_blocked_until"])
+    return Control(stop)
 
 
 INGESTIONS = LeaseKind("ingestion", renew=renew, control=read_control)

@@ -15,7 +15,6 @@ from pydantic import BaseModel
 
 from connectors.base import Connector
 from sync.base import redact
-from sync.jobs.lease import Control
 from sync.store import RunStore
 
 
@@ -43,10 +42,6 @@ class BudgetView:
 
     def slept(self, seconds: float) -> None:
         self.waits_slept.append(seconds)
-
-    def learn(self, control: Control) -> None:
-        """What a control read says of the budget: a block only ever gets longer."""
-        self.spent_until(control.budget_blocked_until)
 
     def spent_until(self, until: datetime | None) -> None:
         """The budget is spent until ``until``: a block only ever gets longer."""

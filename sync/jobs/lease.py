@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -36,11 +36,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Control:
-    """What a leased row says: stop (lost or cancelled), or carry on (``stop`` None), and, for
-    a run, until when its shared rate budget is spent."""
+    """What a leased row says: stop (lost or cancelled), or carry on (``stop`` None)."""
 
     stop: AbortReason | None
-    budget_blocked_until: datetime | None = None
 
 
 @dataclass(frozen=True)

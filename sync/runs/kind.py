@@ -41,7 +41,7 @@ def read_run_control(conn: Connection, lease: Lease) -> Control:
     if found is None:
         return Control(AbortReason.LEASE_LOST)
     stop = AbortReason.CANCELLED if found.cancel_requested else None
-    return Control(stop, found.budget_blocked_until)
+    return Control(stop)
 
 
 RUN_LEASES = LeaseKind("run", renew=renew_run, control=read_run_control)

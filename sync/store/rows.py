@@ -84,7 +84,6 @@ class RunControl:
     """The lease keeper's control read of a run it still holds."""
 
     cancel_requested: bool
-    budget_blocked_until: datetime | None
 
 
 @dataclass(frozen=True)

@@ -191,7 +191,7 @@ class RunStore(PooledStore):
         row = conn.execute(QUERIES.read_run_control, _fence(lease)).fetchone()
         if row is None:
             return None
-        return RunControl(bool(row["cancel_requested"]), row["budget_blocked_until"])
+        return RunControl(bool(row["cancel_requested"]))
 
     # -- along the way ---------------------------------------------------------------------
 
