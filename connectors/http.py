@@ -21,6 +21,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO
 
@@ -39,6 +40,7 @@ from connectors.auth import Auth
 from connectors.context import CachedResponse, RequestContext
 from connectors.errors import (
     AuthError,
+    ConnectorError,
     ContentTooLarge,
     NotFound,
     PermanentError,
@@ -62,6 +64,14 @@ DOWNLOAD_TIMEOUT = 3600.0  # a download's whole body, as a JSON body's is total_
 _CACHED_HEADERS = ("content-type", "link", "etag", "last-modified")
 
 _tracer = trace.get_tracer("connector_sync.http")
+
+
+@dataclass
+class _Tries:
+    """What the tries of one request have used so far."""
+
+    refreshed: bool = False  # the credentials were refreshed once already
+    inline_waits: int = 0  # rate-limit waits slept inside the request
 
 
 class _Transient(Exception):
@@ -257,8 +267,7 @@ class HttpClient:
         follow_redirects: bool = True,
         sink: _Sink | None = None,
     ) -> httpx.Response:
-        refreshed = False
-        inline_waits = 0
+        tries = _Tries()
         cached: CachedResponse | None = None
         key = ""
         if conditional:
@@ -273,79 +282,67 @@ class HttpClient:
                     method, url, params, headers, json, data, follow_redirects, sink
                 )
             except RateLimited as limited:  # the token endpoint asked us to wait
-                if not self._wait_inline(limited, inline_waits):
+                if not self._wait_inline(limited, tries):
                     raise
-                inline_waits += 1
                 continue
             if self._on_response is not None:
                 self._on_response(response)
             if response.status_code in expect:
                 return response
             if cached is not None and response.status_code == 304:
-                # The stored response, its headers updated by the 304's (RFC 9111, 4.3.4).
-                fresh = {
-                    k.lower(): v
-                    for k, v in response.headers.items()
-                    if k.lower() != "content-length"
-                }
-                return httpx.Response(
-                    200,
-                    headers={**cached.headers, **fresh},
-                    content=cached.body,
-                    request=response.request,
-                )
-            verdict = self._classify(response, refreshed=refreshed)
+                return _revalidated(cached, response)
+            verdict = self._classify(response, refreshed=tries.refreshed)
             where = f"{method} {_display(response.request.url)}"
             if verdict.verdict is Verdict.OK:
                 if conditional and response.headers.get("etag"):
                     self._context.store_response(key, _cacheable(response))
                 return response
             if verdict.verdict is Verdict.REFRESH and self._auth is not None:
-                # The credentials just sent were refused: never send them again.
-                self._auth.refused()
-                try:
-                    self._respect_budget()  # the token endpoint is the provider too
-                    renewed = self._auth.refresh()
-                except RateLimited as limited:
-                    if not self._wait_inline(limited, inline_waits):
-                        raise
-                    inline_waits += 1
-                    continue
-                if renewed:
-                    refreshed = True
-                    continue
-                raise AuthError(f"{where}: 401 Unauthorized and the credentials cannot refresh")
-            if verdict.verdict in (Verdict.REFRESH, Verdict.AUTH):
-                raise AuthError(f"{where}: 401 Unauthorized after refreshing the credentials")
-            if verdict.verdict is Verdict.RATE_LIMITED:
-                if verdict.nonsense_retry_after:
-                    self._context.logger.warning(
-                        "%s sent an unusable Retry-After %r; falling back to the backoff",
-                        where,
-                        response.headers.get("retry-after"),
-                    )
-                wait = verdict.wait
-                if wait is not None:
-                    # The window holds every request of the budget, on every worker, however
-                    # short: a job that sleeps it out alone leaves the others sending into it.
-                    self._context.report_rate_limit(
-                        _now() + timedelta(seconds=wait), f"{response.status_code} from {where}"
-                    )
-                if (
-                    wait is not None
-                    and wait <= self._max_inline_wait
-                    and inline_waits < MAX_INLINE_WAITS
-                ):
-                    inline_waits += 1
-                    self._context.logger.info("%s rate limited; waiting %.1f s", where, wait)
-                    self._rate_limit_sleep(wait)
-                    continue
-                raise RateLimited(f"{where}: {response.status_code} rate limited", wait)
-            if verdict.verdict in (Verdict.RETRYABLE, Verdict.TRANSIENT):
-                raise RetryableError(f"{where}: {response.status_code} {_snippet(response)}")
-            if response.status_code in (404, 410):
-                raise NotFound(f"{where}: {response.status_code} {_snippet(response)}")
-            raise PermanentError(f"{where}: {response.status_code} {_snippet(response)}")
+                self._refresh(self._auth, where, tries)
+            elif verdict.verdict is Verdict.RATE_LIMITED:
+                self._wait_out(verdict, response, where, tries)
+            else:
+                raise _failure(verdict, response, where)
+
+    def _refresh(self, auth: Auth, where: str, tries: _Tries) -> None:
+        """After a 401: refresh the credentials for the next try, or raise :class:`AuthError`
+        when they cannot refresh (a rate-limited token endpoint is waited out inline)."""
+        # The credentials just sent were refused: never send them again.
+        auth.refused()
+        try:
+            self._respect_budget()  # the token endpoint is the provider too
+            renewed = auth.refresh()
+        except RateLimited as limited:
+            if not self._wait_inline(limited, tries):
+                raise
+            return
+        if not renewed:
+            raise AuthError(f"{where}: 401 Unauthorized and the credentials cannot refresh")
+        tries.refreshed = True
+
+    def _wait_out(
+        self, verdict: Classification, response: httpx.Response, where: str, tries: _Tries
+    ) -> None:
+        """After a rate limit: report its window to the shared budget, and sleep out a short
+        wait for the next try, or raise :class:`RateLimited` (the run waits in the queue)."""
+        if verdict.nonsense_retry_after:
+            self._context.logger.warning(
+                "%s sent an unusable Retry-After %r; falling back to the backoff",
+                where,
+                response.headers.get("retry-after"),
+            )
+        wait = verdict.wait
+        if wait is not None:
+            # The window holds every request of the budget, on every worker, however
+            # short: a job that sleeps it out alone leaves the others sending into it.
+            self._context.report_rate_limit(
+                _now() + timedelta(seconds=wait), f"{response.status_code} from {where}"
+            )
+        if wait is None or wait > self._max_inline_wait or tries.inline_waits >= MAX_INLINE_WAITS:
+            raise RateLimited(f"{where}: {response.status_code} rate limited", wait)
+        tries.inline_waits += 1
+        self._context.logger.info("%s rate limited; waiting %.1f s", where, wait)
+        self._rate_limit_sleep(wait)
 
     def json_of(self, response: httpx.Response) -> Any:
         """The response's JSON body, or a clear error if it is not JSON."""
@@ -371,14 +368,15 @@ class HttpClient:
                 return verdict
         return classify(response.status_code, response.headers, now, refreshed=refreshed)
 
-    def _wait_inline(self, limited: RateLimited, waits_so_far: int) -> bool:
+    def _wait_inline(self, limited: RateLimited, tries: _Tries) -> bool:
         """Sleep out a short rate limit the credentials' token endpoint asked for; False when
         it is too long (the attempt ends and the run waits in the queue instead)."""
         wait = limited.retry_after
         if wait is not None:
             self._context.report_rate_limit(_now() + timedelta(seconds=wait), limited.message)
-        if wait is None or wait > self._max_inline_wait or waits_so_far >= MAX_INLINE_WAITS:
+        if wait is None or wait > self._max_inline_wait or tries.inline_waits >= MAX_INLINE_WAITS:
             return False
+        tries.inline_waits += 1
         self._context.logger.info("%s; waiting %.1f s", limited.message, wait)
         self._rate_limit_sleep(wait)
         return True
@@ -523,6 +521,26 @@ class HttpClient:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _revalidated(cached: CachedResponse, response: httpx.Response) -> httpx.Response:
+    """The stored response, its headers updated by the 304's (RFC 9111, 4.3.4)."""
+    fresh = {k.lower(): v for k, v in response.headers.items() if k.lower() != "content-length"}
+    return httpx.Response(
+        200, headers={**cached.headers, **fresh}, content=cached.body, request=response.request
+    )
+
+
+def _failure(verdict: Classification, response: httpx.Response, where: str) -> ConnectorError:
+    """The error of a response that no refresh or wait can turn into a success."""
+    status = response.status_code
+    if verdict.verdict in (Verdict.REFRESH, Verdict.AUTH):
+        return AuthError(f"{where}: 401 Unauthorized after refreshing the credentials")
+    if verdict.verdict in (Verdict.RETRYABLE, Verdict.TRANSIENT):
+        return RetryableError(f"{where}: {status} {_snippet(response)}")
+    if status in (404, 410):
+        return NotFound(f"{where}: {status} {_snippet(response)}")
+    return PermanentError(f"{where}: {status} {_snippet(response)}")
 
 
 def _cacheable(response: httpx.Response) -> CachedResponse:

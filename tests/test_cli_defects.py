@@ -25,7 +25,7 @@ from connectors.simulated.server import Simulation, start_server
 from sync import InvalidInput, Settings
 from sync.cli import app, main
 from sync.cli.commands import follow_progress, follow_view
-from sync.demo import Check, _summary
+from sync.demo.checks import Check, print_summary
 from sync.store.queries import QUERIES
 from tests.cli_backends import SCRIPT, Backend, Cli, WorkerProcess
 from tests.test_sync_flow import items, new_dataset
@@ -522,7 +522,7 @@ def test_the_demo_says_the_embedded_server_keeps_running(tmp_path: Path) -> None
     settings = Settings(database_url=None, home=tmp_path)
     checks = [Check("a claim", True, "evidence")]
     with out.capture() as captured:
-        _summary(out, checks, None, settings, "demo-x")  # type: ignore[arg-type]
+        print_summary(out, checks, None, settings, "demo-x")  # type: ignore[arg-type]
     text = " ".join(captured.get().split())
     assert f"the embedded Postgres under {tmp_path / 'pgdata'} keeps running" in text
     assert "`connector-sync db stop` stops it" in text

@@ -316,6 +316,6 @@ def test_a_prepared_upsert_casts_the_batchs_vectors_once() -> None:
 
 
 def _queries_text(name: str) -> str:
-    from sync.documents.store import _q
+    from sync.documents.store import DOCUMENT_QUERIES
 
-    return _q(name).as_string(None)
+    return DOCUMENT_QUERIES[name].as_string(None)

@@ -1,5 +1,6 @@
-"""The build enforces style, types and layering: ruff, mypy, and the import-linter contracts
-(`connectors` never imports `sync`; the layers of `sync`, with no cycles)."""
+"""The build enforces style, types and layering: ruff (with its bound on a function's complexity,
+pyproject.toml), mypy, and the import-linter contracts (`connectors` never imports `sync`; the
+layers of `sync`, with no cycles)."""
 
 from __future__ import annotations
 

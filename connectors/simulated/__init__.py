@@ -1,6 +1,7 @@
 """A simulated SaaS provider shipped with connector-sync, for the demo, the tests and anyone
 trying the engine without an account anywhere: a local HTTP server (``server``) with three APIs,
-a project tracker, a CRM and a document store, and a connector for each (``connector``):
+a project tracker, a CRM and a document store, over the data of its tenants (``tenants``), and a
+connector for each (``connector``):
 providers ``simulated``, ``simulated_crm`` and ``simulated_docs``. See
 docs/simulated-provider.md."""
 
@@ -16,7 +17,8 @@ from connectors.simulated.connector import (
 )
 
 if TYPE_CHECKING:
-    from connectors.simulated.server import Simulation, Tenant, start_server
+    from connectors.simulated.server import start_server
+    from connectors.simulated.tenants import Simulation, Tenant
 
 __all__ = [
     "SimulatedConfig",

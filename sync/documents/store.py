@@ -13,17 +13,14 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import cache
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg.rows import dict_row, tuple_row
 
 from sync.documents.chunking import Chunk
 from sync.documents.embeddings import Embedder, Vector, words
-from sync.store.queries import NamedQuery, parse
-from sync.store.sqlfiles import sql_dir
+from sync.store.queries import NamedQueries
 
 # A query's first words; a longer query is cut here (it only adds terms to an OR).
 MAX_QUERY_WORDS = 64
@@ -31,20 +28,13 @@ MAX_QUERY_WORDS = 64
 RRF_K = 60
 
 
-@cache
-def _queries() -> dict[str, sql.SQL]:
-    named: dict[str, NamedQuery] = parse((sql_dir() / "documents.sql").read_text())
-    return {name: query.sql for name, query in named.items()}
-
-
-def _q(name: str) -> sql.SQL:
-    return _queries()[name]
+DOCUMENT_QUERIES = NamedQueries("documents.sql")
 
 
 def _first(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> tuple[Any, ...]:
     """The first row of a statement as a tuple, whatever the connection's row factory."""
     with conn.cursor(row_factory=tuple_row) as cur:
-        row = cur.execute(_q(name), params).fetchone()
+        row = cur.execute(DOCUMENT_QUERIES[name], params).fetchone()
     assert row is not None
     return row
 
@@ -88,7 +78,7 @@ def upsert_chunks(
     if any(len(v) != dims for v in vectors):
         raise ValueError("the vectors of one batch must all have the same length")
     cur = conn.execute(
-        _q("upsert_chunks"),
+        DOCUMENT_QUERIES.upsert_chunks,
         {
             "document_id": document_id,
             "model": model,
@@ -105,7 +95,7 @@ def upsert_chunks(
 def delete_chunks_from(conn: psycopg.Connection[Any], document_id: int, tail: int) -> int:
     """Delete the document's chunks with index ``tail`` or more; returns how many."""
     return conn.execute(
-        _q("delete_chunks_from"), {"document_id": document_id, "tail": tail}
+        DOCUMENT_QUERIES.delete_chunks_from, {"document_id": document_id, "tail": tail}
     ).rowcount
 
 
@@ -157,7 +147,7 @@ def search(
     vector = embedder.embed([" ".join(terms)])[0]
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
-            _q("search_chunks"),
+            DOCUMENT_QUERIES.search_chunks,
             {
                 "workspace_id": workspace_id,
                 "scan_all": vector_storage(conn) is VectorStorage.PGVECTOR,

@@ -13,33 +13,24 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache
 from typing import Any
 from uuid import UUID
 
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from sync.base.abort import AbortReason
 from sync.jobs.lease import Control, Lease, LeaseKind
 from sync.store.db import Connection
-from sync.store.queries import parse
-from sync.store.sqlfiles import sql_dir
+from sync.store.queries import NamedQueries
 
 log = logging.getLogger("sync.ingestions")
 
 
-@cache
-def _queries() -> dict[str, sql.SQL]:
-    return {name: q.sql for name, q in parse((sql_dir() / "ingestions.sql").read_text()).items()}
-
-
-def _q(name: str) -> sql.SQL:
-    return _queries()[name]
+INGESTION_QUERIES = NamedQueries("ingestions.sql")
 
 
 def _one(conn: Connection, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    row: dict[str, Any] | None = conn.execute(_q(name), params).fetchone()
+    row: dict[str, Any] | None = conn.execute(INGESTION_QUERIES[name], params).fetchone()
     return row
 
 
@@ -408,7 +399,7 @@ def listing(
         "archive_id": archive_id,
         "limit": limit,
     }
-    return conn.execute(_q("list_ingestions"), params).fetchall()
+    return conn.execute(INGESTION_QUERIES.list_ingestions, params).fetchall()
 
 
 def cancel(conn: Connection, ingestion_id: int, workspace_id: int | None) -> dict[str, Any] | None:
@@ -419,7 +410,9 @@ def cancel(conn: Connection, ingestion_id: int, workspace_id: int | None) -> dic
 
 def documents_by_settings(conn: Connection, workspace_id: int) -> list[dict[str, Any]]:
     """The workspace's ready documents with chunks, counted by what they were indexed with."""
-    return conn.execute(_q("documents_by_settings"), {"workspace_id": workspace_id}).fetchall()
+    return conn.execute(
+        INGESTION_QUERIES.documents_by_settings, {"workspace_id": workspace_id}
+    ).fetchall()
 
 
 def queue_reindex(conn: Connection, workspace_id: int, indexed_with: str, max_attempts: int) -> int:
@@ -429,7 +422,7 @@ def queue_reindex(conn: Connection, workspace_id: int, indexed_with: str, max_at
         "indexed_with": indexed_with,
         "max_attempts": max_attempts,
     }
-    return len(conn.execute(_q("queue_reindex"), params).fetchall())
+    return len(conn.execute(INGESTION_QUERIES.queue_reindex, params).fetchall())
 
 
 def owner_of(row: dict[str, Any]) -> Lease:
@@ -440,4 +433,4 @@ def owner_of(row: dict[str, Any]) -> Lease:
 
 def commit_asynchronously(conn: Connection) -> None:
     """For the rest of this transaction: see "Durability" in docs/architecture.md."""
-    conn.execute(_q("commit_asynchronously"))
+    conn.execute(INGESTION_QUERIES.commit_asynchronously)

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import Any, Protocol
 from uuid import UUID
 
-from psycopg import Connection, sql
+from psycopg import Connection
 from psycopg.types.json import Jsonb
 
 from sync.queues.declarations import QueueSpec
@@ -27,8 +27,7 @@ from sync.queues.models import (
     QueueStats,
     Schedule,
 )
-from sync.store.queries import parse
-from sync.store.sqlfiles import sql_dir
+from sync.store.queries import NamedQueries
 
 Row = dict[str, Any]
 
@@ -40,13 +39,7 @@ class ConnectionSource(Protocol):
     def connection(self, timeout: float | None = None) -> Any: ...
 
 
-@cache
-def _statements() -> dict[str, sql.SQL]:
-    return {name: q.sql for name, q in parse((sql_dir() / "queues.sql").read_text()).items()}
-
-
-def _q(name: str) -> sql.SQL:
-    return _statements()[name]
+QUEUE_QUERIES = NamedQueries("queues.sql")
 
 
 @dataclass(frozen=True)
@@ -144,16 +137,16 @@ class JobStore:
         self, statement: str, conn: Connection[Row] | None = None, **params: Any
     ) -> Row | None:
         if conn is not None:
-            return conn.execute(_q(statement), params).fetchone()
+            return conn.execute(QUEUE_QUERIES[statement], params).fetchone()
         with self._pool.connection() as own:
-            row: Row | None = own.execute(_q(statement), params).fetchone()
+            row: Row | None = own.execute(QUEUE_QUERIES[statement], params).fetchone()
             return row
 
     def _all(self, statement: str, conn: Connection[Row] | None = None, **params: Any) -> list[Row]:
         if conn is not None:
-            return conn.execute(_q(statement), params).fetchall()
+            return conn.execute(QUEUE_QUERIES[statement], params).fetchall()
         with self._pool.connection() as own:
-            rows: list[Row] = own.execute(_q(statement), params).fetchall()
+            rows: list[Row] = own.execute(QUEUE_QUERIES[statement], params).fetchall()
             return rows
 
     # Queues
@@ -183,8 +176,8 @@ class JobStore:
         return spec_from_row(row)
 
     def delete_queue(self, conn: Connection[Row], name: str) -> None:
-        conn.execute(_q("delete_queue_jobs"), {"name": name})
-        conn.execute(_q("delete_queue"), {"name": name})
+        conn.execute(QUEUE_QUERIES.delete_queue_jobs, {"name": name})
+        conn.execute(QUEUE_QUERIES.delete_queue, {"name": name})
 
     # Jobs
 
@@ -292,7 +285,7 @@ class JobStore:
     def renew(conn: Connection[Row], job_id: int, owner: UUID, lease: timedelta) -> bool:
         """Extend an attempt's lease on ``conn`` (the lease keeper's own); False if lost."""
         row = conn.execute(
-            _q("renew_job_lease"), {"job_id": job_id, "lease_owner": owner, "lease": lease}
+            QUEUE_QUERIES.renew_job_lease, {"job_id": job_id, "lease_owner": owner, "lease": lease}
         ).fetchone()
         return row is not None
 
@@ -300,7 +293,7 @@ class JobStore:
     def control(conn: Connection[Row], job_id: int, owner: UUID) -> tuple[JobStatus, bool] | None:
         """The job's status and whether ``owner`` is its latest attempt's token."""
         row = conn.execute(
-            _q("read_job_control"), {"job_id": job_id, "lease_owner": owner}
+            QUEUE_QUERIES.read_job_control, {"job_id": job_id, "lease_owner": owner}
         ).fetchone()
         return None if row is None else (JobStatus(row["status"]), bool(row["ours"]))
 
@@ -311,7 +304,7 @@ class JobStore:
         """Extend many attempts' leases (job, token, length) in one statement on ``conn``; the
         (job, token) pairs renewed (the others are lost)."""
         rows = conn.execute(
-            _q("renew_job_leases"),
+            QUEUE_QUERIES.renew_job_leases,
             {
                 "job_ids": [job_id for job_id, _, _ in leases],
                 "lease_owners": [owner for _, owner, _ in leases],
@@ -326,7 +319,7 @@ class JobStore:
     ) -> dict[tuple[int, UUID], tuple[JobStatus, bool] | None]:
         """:meth:`control` of many attempts (job, token) in one statement."""
         rows = conn.execute(
-            _q("read_job_controls"),
+            QUEUE_QUERIES.read_job_controls,
             {
                 "job_ids": [job_id for job_id, _ in leases],
                 "lease_owners": [owner for _, owner in leases],
@@ -432,7 +425,7 @@ class JobStore:
     def set_worker_lanes(self, worker_id: str, incarnation: UUID, lanes: dict[str, int]) -> None:
         with self._pool.connection() as conn:
             conn.execute(
-                _q("set_worker_lanes"),
+                QUEUE_QUERIES.set_worker_lanes,
                 {
                     "worker_id": worker_id,
                     "incarnation": incarnation,

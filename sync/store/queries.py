@@ -1,5 +1,6 @@
 """Loads the named queries of ``sql/queries.sql``: ``QUERIES.claim_run`` and so on (and those of
-the other named-query files of ``sql/``, by ``NamedQueries(filename)``)."""
+the other named-query files of ``sql/``, by ``NamedQueries(filename)``); a store that picks the
+statement by a name it holds asks ``queries[name]``."""
 
 from __future__ import annotations
 
@@ -53,6 +54,12 @@ class NamedQueries:
             return self._compiled[name]
         except KeyError:
             raise AttributeError(f"no query named {name!r} in {self._filename}") from None
+
+    def __getitem__(self, name: str) -> sql.SQL:
+        try:
+            return self._compiled[name]
+        except KeyError:
+            raise KeyError(f"no query named {name!r} in {self._filename}") from None
 
     def names(self) -> list[str]:
         return sorted(self._by_name)
