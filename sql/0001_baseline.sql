@@ -935,8 +935,9 @@ $$;
 -- See "The tombstone pass" in docs/architecture.md. Each step is bounded, so the run row is
 -- share-locked only briefly and lease renewals interleave with a pass over millions of rows, and
 -- each step's key range is fixed before its UPDATE, so both scans of the UPDATE are index range
--- scans (p_after, v_hi]. Intermediate writes of a run, committed asynchronously (see
--- "Durability" in docs/architecture.md).
+-- scans (p_after, v_hi]. The steps that tombstone (tombstone_unseen_v2, tombstone_partitions_v1,
+-- end_table_v1) are intermediate writes of a run, committed asynchronously (see "Durability" in
+-- docs/architecture.md).
 
 -- tombstone_unseen_v2: one bounded step of a table's tombstone pass over the stored rows after
 -- p_after, tombstoning the live ones of the partitions read completely (p_partitions; NULL:
