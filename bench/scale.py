@@ -39,6 +39,7 @@ from bench.common import (
     ratio,
     scratch_database,
 )
+from sync.store.queries import QUERIES
 
 BASE = [
     "INSERT INTO workspaces (name) SELECT 'ws' || g FROM generate_series(1, 20) g",
@@ -128,6 +129,9 @@ BASE_BACK = "UPDATE connection_runs SET queued_at = queued_at - interval '1 hour
 )
 
 
+# The function the worker's claim statement calls.
+CLAIM = "claim_run_v3(text, interval, text[], boolean)"
+
 PARAMS = {
     "worker_id": "bench-scale",
     "lease": timedelta(seconds=120),
@@ -136,28 +140,9 @@ PARAMS = {
 }
 
 
-def claim_query(version: str) -> Any:
-    """The worker's claim statement ``claim_run`` (over ``claim_run_v3``: the index of unparked
-    runs, 0013_lane_parking.sql), or for ``v1`` the same statement over ``claim_run_v2``, the
-    claim of the previous release, which walks every due run."""
-    from psycopg import sql
-
-    from sync.store.queries import QUERIES
-
-    if version == "v3":
-        return QUERIES.claim_run
-    text = QUERIES._by_name["claim_run"].text.replace(
-        "claim_run_v3(%(worker_id)s, %(lease)s, %(providers)s::text[], %(wakeable)s)",
-        "claim_run_v2(%(worker_id)s, %(lease)s, %(providers)s::text[])",
-    )
-    return sql.SQL(text)  # type: ignore[arg-type]
-
-
-def claim_latencies(
-    url: str, claims: int, *, expect_run: bool = True, version: str = "v1"
-) -> list[float]:
+def claim_latencies(url: str, claims: int, *, expect_run: bool = True) -> list[float]:
     params = PARAMS
-    query = claim_query(version)
+    query = QUERIES.claim_run
     timings = []
     with connect(url) as conn:
         for _ in range(claims):
@@ -172,7 +157,7 @@ def claim_latencies(
     return timings
 
 
-def claim_plans(url: str, version: str = "v1") -> list[dict[str, Any]]:
+def claim_plans(url: str) -> list[dict[str, Any]]:
     """The plans of the statements inside one claim, from auto_explain."""
     notices: list[str] = []
     with connect(url) as conn:
@@ -193,7 +178,7 @@ def claim_plans(url: str, version: str = "v1") -> list[dict[str, Any]]:
         for _ in range(2):
             notices.clear()
             with conn.transaction(force_rollback=True):
-                conn.execute(claim_query(version), PARAMS).fetchone()
+                conn.execute(QUERIES.claim_run, PARAMS).fetchone()
     return [json.loads(m[m.index("{") :]) for m in notices if "{" in m]
 
 
@@ -232,7 +217,7 @@ def describe_plans(plans: list[dict[str, Any]]) -> tuple[list[str], int]:
         text = " ".join(item["Query Text"].split())
         plan = item["Plan"]
         buffers = plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)
-        if text.startswith("SELECT r.*, c.name"):
+        if "LEFT JOIN LATERAL claimed_run_extras_v1" in text:
             # The outer statement: its buffers include everything the function did.
             total_buffers = buffers
             lines.append("outer statement (claim_run() joined to its connection):")
@@ -277,17 +262,15 @@ def main() -> None:
         have = 0
         reference = float("nan")
 
-        def measure(
-            label: str, finished: int, *, expect_run: bool = True, version: str = "v1"
-        ) -> None:
+        def measure(label: str, finished: int, *, expect_run: bool = True) -> None:
             nonlocal reference
             with connect(url) as conn:
                 conn.execute("VACUUM ANALYZE connection_runs")
-            timings = claim_latencies(url, claims, expect_run=expect_run, version=version)
+            timings = claim_latencies(url, claims, expect_run=expect_run)
             p50 = median(timings)
             if reference != reference:
                 reference = p50
-            lines, buffers = describe_plans(claim_plans(url, version))
+            lines, buffers = describe_plans(claim_plans(url))
             rows.append(
                 [
                     label,
@@ -302,7 +285,6 @@ def main() -> None:
             results.append(
                 {
                     "history": label.strip(),
-                    "claim": "claim_run_v3" if version == "v3" else "claim_run_v2",
                     "runs_in_table": finished,
                     "p50_ms": p50,
                     "p95_ms": percentile(timings, 95),
@@ -318,7 +300,6 @@ def main() -> None:
             have = size
             measure(f"{size:,} finished runs", have)
             if size == sizes[0]:
-                measure("  the same, claim_run_v3 (lane parking)", have, version="v3")
                 # An idle poll: the same claim with nothing due, the reference for the
                 # lane-blocked claims below that also end with nothing.
                 with connect(url) as conn:
@@ -329,33 +310,26 @@ def main() -> None:
                 with connect(url) as conn:
                     exec_all(conn, NOT_DUE, count=10_000)
                 measure(f"{size:,} finished + 10,000 queued, not due", have)
-                # An experiment on this scratch database, restored at once: claim_run() as it
-                # was declared before ROWS 1, when the outer join to connections was planned for
-                # the 1,000 rows a set-returning function is assumed to return.
+                # An experiment on this scratch database, restored at once: the claim as it
+                # would be without ROWS 1, the outer join to connections planned for the 1,000
+                # rows a set-returning function is assumed to return.
                 with connect(url) as conn:
-                    conn.execute("ALTER FUNCTION claim_run_v2(text, interval, text[]) ROWS 1000")
-                measure("  the same, claim_run() at ROWS 1000 (before 0f8ce44)", have)
+                    conn.execute(f"ALTER FUNCTION {CLAIM} ROWS 1000")
+                measure("  the same, claim_run_v3 at ROWS 1000", have)
                 with connect(url) as conn:
-                    conn.execute("ALTER FUNCTION claim_run_v2(text, interval, text[]) ROWS 1")
+                    conn.execute(f"ALTER FUNCTION {CLAIM} ROWS 1")
                 with connect(url) as conn:
                     exec_all(conn, NOT_DUE_UNDO)
                 for count in blocked_sizes:
                     with connect(url) as conn:
                         exec_all(conn, BLOCKED, count=count)
                     measure(f"{size:,} finished + {count:,} lane-blocked, then 5 due", have)
-                    measure("  the same, claim_run_v3 (lane parking)", have, version="v3")
                     with connect(url) as conn:
                         conn.execute(BASE_AWAY)
                     measure(
                         f"{size:,} finished + {count:,} lane-blocked, nothing else due",
                         have,
                         expect_run=False,
-                    )
-                    measure(
-                        "  the same, claim_run_v3 (lane parking)",
-                        have,
-                        expect_run=False,
-                        version="v3",
                     )
                     with connect(url) as conn:
                         conn.execute(BASE_BACK)

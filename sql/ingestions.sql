@@ -1,7 +1,7 @@
 -- Named statements of ingestions (sync/ingestions/store.py), in the format of queries.sql. An
 -- ingestion's writes are fenced by its lease owner: each statement re-checks, on the ingestion
 -- row, the owner, status 'running' and a live lease, written once as ingestion_fence_v1
--- (0023_job_and_ingestion_fences.sql), and locks the row until commit, so no claim can slip
+-- (0001_baseline.sql), and locks the row until commit, so no claim can slip
 -- between the check and the write. The ends too: a worker whose lease ran out ends nothing,
 -- even before another worker has claimed the ingestion. An archive expansion has no lease;
 -- its writes are guarded by the processing_since its claim stamped instead.

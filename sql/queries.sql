@@ -7,7 +7,7 @@
 -- owner, is running and its lease is live; it locks that row until commit, so no claim can
 -- take the run between the check and the write. A stale worker's fenced write matches nothing.
 -- The fence is written once, as run_fence_v1(run_row, run_id, lease_owner) (see
--- 0012_fence_and_versions.sql), which the planner inlines into the four conditions it stands
+-- 0001_baseline.sql), which the planner inlines into the four conditions it stands
 -- for; each fenced statement below says it with that function and takes the row lock itself.
 -- The functions called here are versioned (claim_run_v3, ...): see "Upgrading" in
 -- docs/operations.md.
@@ -16,16 +16,16 @@
 -- name: enqueue_run
 -- Queues a sync of an active connection, or returns the run already queued/running for it;
 -- wakes one worker that can run it, none if the new run is parked behind a busy lane (see
--- enqueue_run_v3() in 0013_lane_parking.sql). Invariant: one queued/running run per connection.
+-- enqueue_run_v3() in 0001_baseline.sql). Invariant: one queued/running run per connection.
 SELECT * FROM enqueue_run_v3(%(connection_id)s, %(workspace_id)s, %(trigger)s, %(max_attempts)s);
 
 -- name: claim_run
 -- Claims the oldest claimable run this worker can execute (see claim_run_v3() in
--- 0013_lane_parking.sql: a sync only of a provider in `providers`, walking only the index of
+-- 0001_baseline.sql: a sync only of a provider in `providers`, walking only the index of
 -- unparked runs, so runs queued behind a busy lane cost the claim nothing) and returns it with
 -- what the executor needs of its connection and its tables' cursors (claimed_run_extras_v1()
--- in 0020_claimed_run.sql), in one round trip. The limiter's invariant and its
--- re-check under the workspace lock are those of claim_run_v2(). `wakeable`: this worker
+-- in 0001_baseline.sql), in one round trip. Invariant (claim_run_v3's): two runs of one lane
+-- never hold live leases at once, re-checked under the workspace lock. `wakeable`: this worker
 -- listens on its own channel; an empty claim marks it idle so that one enqueue wakes it alone.
 -- Committed asynchronously: a claim lost in a crash of Postgres loses nothing (the run is
 -- queued again, and its worker's fenced writes fail); the first durable write of the run makes
@@ -108,7 +108,7 @@ RETURNING *;
 
 -- name: finish_run
 -- Seals a run and writes its attempt's own counts on the attempt's history row (see
--- finish_run_v4() in 0021_one_statement_finish.sql), waking one worker only if the finish made a
+-- finish_run_v4() in 0001_baseline.sql), waking one worker only if the finish made a
 -- run claimable (the lane's next sync, a purge waiting for this run). Fenced: a stale owner's
 -- finish matches nothing and returns false.
 SELECT f.id IS NOT NULL AS sealed
@@ -493,7 +493,7 @@ SELECT table_name, partition, position, done, resync, pages, records, total, tot
 
 -- name: check_seen_keys
 -- Whether the seen keys this run saved for a table are all still there (see
--- seen_keys_intact_v1() in 0021_one_statement_finish.sql): run_seen_keys is unlogged, and a
+-- seen_keys_intact_v1() in 0001_baseline.sql): run_seen_keys is unlogged, and a
 -- crash restart of Postgres empties it.
 SELECT seen_keys_intact_v1(%(run_id)s, %(table_name)s) AS intact;
 
@@ -599,7 +599,7 @@ SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM async) AS a
 
 -- name: tombstone_unseen
 -- One bounded step of a table's tombstone pass, after the table (or some of its partitions) was
--- read completely in this run (see tombstone_unseen_v2() in 0012_fence_and_versions.sql).
+-- read completely in this run (see tombstone_unseen_v2() in 0001_baseline.sql).
 -- Fenced.
 SELECT * FROM tombstone_unseen_v2(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
                                      %(partitions)s, %(after)s, %(limit)s);
@@ -612,7 +612,7 @@ SELECT * FROM unseen_rows_v2(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(t
 
 -- name: complete_table
 -- The end of a table's tombstone pass, after its last step (see complete_table_v1() in
--- 0021_one_statement_finish.sql): stamps each partition read completely in this run, and
+-- 0001_baseline.sql): stamps each partition read completely in this run, and
 -- last_full_sync_at when every partition was; drops the table's seen keys. Fenced; committed
 -- asynchronously like every intermediate write of a run.
 WITH async AS (
@@ -624,7 +624,7 @@ SELECT complete_table_v1(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table
 
 -- name: end_table
 -- The end of a table read completely in this run, in one round trip when its rows fit in one
--- tombstone step (see end_table_v1() in 0021_one_statement_finish.sql): the seen-key check, the
+-- tombstone step (see end_table_v1() in 0001_baseline.sql): the seen-key check, the
 -- first tombstone step over `partitions` (NULL: the whole table), and the stamp of the complete
 -- passes of `whole` once that step reached the end. Fenced; never tombstones by lost seen keys.
 SELECT * FROM end_table_v1(%(run_id)s, %(lease_owner)s, %(connection_id)s, %(table_name)s,
@@ -639,7 +639,7 @@ SELECT coalesce(partitions, '{}') AS partitions, coalesce(absent_partitions, '{}
 
 -- name: tombstone_partitions
 -- One bounded step tombstoning the live rows of partitions that are gone (see
--- tombstone_partitions_v1() in 0025_partitions_that_leave.sql). Fenced.
+-- tombstone_partitions_v1() in 0001_baseline.sql). Fenced.
 SELECT * FROM tombstone_partitions_v1(%(run_id)s, %(lease_owner)s, %(connection_id)s,
                                       %(table_name)s, %(partitions)s, %(after)s, %(limit)s);
 

@@ -2,7 +2,7 @@
 -- %(now)s is the caller's clock when it has one (tests drive it) and NULL for the database's
 -- own time; every statement reads it through coalesce(%(now)s, now()) (a fenced one inside
 -- job_fence_v1, the fence of an attempt's writes, written once in
--- 0023_job_and_ingestion_fences.sql).
+-- 0001_baseline.sql).
 
 -- name: get_queue
 SELECT * FROM job_queues WHERE name = %(name)s;
@@ -71,7 +71,7 @@ SELECT job_id, attempt, queue, started_at, finished_at, outcome, error
  ORDER BY seq NULLS LAST;
 
 -- name: claim_jobs
--- Invariants in claim_jobs_v3 (0024_lean_job_claim.sql): one claim per job, a fencing token
+-- Invariants in claim_jobs_v3 (0001_baseline.sql): one claim per job, a fencing token
 -- per attempt, an expired attempt taken back by a claim. The queue's retry terms come along,
 -- so the end of the attempt is decided with the declaration it ran under.
 SELECT c.*, q.retry_limit, q.retry_delay, q.retry_ceiling, q.expire
@@ -79,7 +79,7 @@ SELECT c.*, q.retry_limit, q.retry_delay, q.retry_ceiling, q.expire
   JOIN job_queues q ON q.name = c.origin_queue;
 
 -- name: complete_attempt
--- The handler returned. Fenced by job_fence_v1 (0023_job_and_ingestion_fences.sql): applied
+-- The handler returned. Fenced by job_fence_v1 (0001_baseline.sql): applied
 -- only while the job is active under this attempt's token and the attempt has not expired; a
 -- stale attempt's end matches nothing.
 WITH done AS (

@@ -99,7 +99,7 @@ class Run(_FromRow):
         row = dict(row)
         row["kind"], row["status"] = RunKind(row["kind"]), RunStatus(row["status"])
         row["error"] = JobError.parse(row.get("error"))
-        if row.get("first_queued_at") is None:  # queued before the column existed
+        if row.get("first_queued_at") is None:  # the column allows NULL
             row["first_queued_at"] = min(
                 t for t in (row["queued_at"], row.get("started_at")) if t is not None
             )

@@ -57,7 +57,7 @@ SELECT count(*) FILTER (WHERE ra.kind = 'purge' OR rb.kind = 'purge'
 
 # The claim as it must not be written: the limiter checked by NOT EXISTS in the same statement
 # that takes the locks, with no re-check. Installed only to show the stress test catches it, in
-# place of the claim the workers call (claim_run_v3, also behind finish_and_claim_v3).
+# place of the claim the workers call (claim_run_v3, also behind finish_and_claim_v4).
 NAIVE_CLAIM = """
 DROP FUNCTION claim_run_v3(text, interval, text[], boolean);
 CREATE FUNCTION claim_run_v3(p_worker_id text, p_lease interval, p_providers text[] DEFAULT NULL,

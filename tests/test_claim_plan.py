@@ -1,5 +1,5 @@
 """Plan regression: the claim keeps using its partial index however much history accumulates.
-auto_explain reports the plans of the statements inside claim_run() as they really run."""
+auto_explain reports the plans of the statements inside claim_run_v3() as they really run."""
 
 from __future__ import annotations
 
@@ -26,9 +26,12 @@ SELECT id, workspace_id, provider, 'queued' FROM connections WHERE id <= 5;
 ANALYZE workspaces, connections, connection_runs;
 """
 
+# The index the claim walks: the runs that are not finished nor parked behind a busy lane.
+INDEX = "connection_runs_claimable_unparked"
+
 
 def plans_of_claim(admin: Any) -> list[dict[str, Any]]:
-    row, plans = explained(admin, "SELECT id FROM claim_run_v2('plan-test', interval '1 minute')")
+    row, plans = explained(admin, "SELECT id FROM claim_run_v3('plan-test', interval '1 minute')")
     assert row is not None
     return plans
 
@@ -41,7 +44,7 @@ def test_the_claim_uses_its_partial_index_with_100k_finished_runs(
     candidate = next(p for p in plans if "SKIP LOCKED" in p["Query Text"])
     scans = [n for n in nodes(candidate["Plan"]) if n.get("Relation Name") == "connection_runs"]
     outer = scans[0]
-    assert outer["Index Name"] == "connection_runs_claimable", json.dumps(candidate, indent=1)
+    assert outer["Index Name"] == INDEX, json.dumps(candidate, indent=1)
     assert not any(n["Node Type"] == "Seq Scan" for n in scans), json.dumps(candidate, indent=1)
     # The finished history is never read: the scan touches a handful of rows and buffers, not
     # 100,000 rows.
@@ -66,7 +69,7 @@ def test_a_full_queue_without_statistics_is_walked_in_order_not_sorted(
     found = nodes(candidate["Plan"])
     assert not any(n["Node Type"] == "Sort" for n in found), json.dumps(candidate, indent=1)
     scans = [n for n in found if n.get("Relation Name") == "connection_runs"]
-    assert scans[0]["Index Name"] == "connection_runs_claimable"
+    assert scans[0]["Index Name"] == INDEX
     assert scans[0]["Actual Rows"] <= 5  # not 3,000
 
 
@@ -76,7 +79,7 @@ def test_a_claim_limited_to_its_providers_walks_the_same_index(engine: Engine, a
     admin.execute(HISTORY)
     row, plans = explained(
         admin,
-        "SELECT id, provider FROM claim_run_v2('plan-test', interval '1 minute', %s)",
+        "SELECT id, provider FROM claim_run_v3('plan-test', interval '1 minute', %s)",
         (["memory"],),
     )
     assert row is not None and row["provider"] == "memory"
@@ -84,7 +87,7 @@ def test_a_claim_limited_to_its_providers_walks_the_same_index(engine: Engine, a
     found = nodes(candidate["Plan"])
     assert not any(n["Node Type"] == "Sort" for n in found), json.dumps(candidate, indent=1)
     scans = [n for n in found if n.get("Relation Name") == "connection_runs"]
-    assert scans[0]["Index Name"] == "connection_runs_claimable"
+    assert scans[0]["Index Name"] == INDEX
     assert scans[0]["Actual Rows"] + scans[0].get("Rows Removed by Filter", 0) <= 5
 
 

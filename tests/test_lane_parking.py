@@ -1,4 +1,4 @@
-"""Lane parking (0013_lane_parking.sql): a queued sync behind a busy lane (workspace and
+"""Lane parking (sql/0001_baseline.sql): a queued sync behind a busy lane (workspace and
 provider) is parked, out of the claim's index, and becomes claimable exactly when its lane
 frees; the limiter still holds with many concurrent claimers. Also the targeted wake-ups: an
 enqueue or a finish notifies one idle worker on its own channel, or nobody when nobody can use
@@ -44,7 +44,7 @@ def claim(conn: Any, worker: str = "w", wakeable: bool = False) -> Any:
 
 def finish(conn: Any, run: Any, *, wake: bool = True) -> bool:
     row = conn.execute(
-        "SELECT id FROM finish_run_v3(%s, %s, 'succeeded', '{}', NULL, NULL, false, %s)",
+        "SELECT id FROM finish_run_v4(%s, %s, 'succeeded', '{}', '{}', NULL, NULL, false, %s)",
         (run["id"], run["lease_owner"], wake),
     ).fetchone()
     return row["id"] is not None
@@ -94,19 +94,24 @@ def test_a_parked_run_becomes_claimable_exactly_when_its_lane_frees(
     assert claim(admin)["connection_id"] == 4
 
 
-def test_a_parked_run_taken_by_a_claim_of_an_earlier_version_is_no_longer_parked(
-    engine: Engine, admin: Any
-) -> None:
-    """An old worker's claim ignores parking; a run it takes must not stay parked while it
-    runs, or its lease's expiry would leave it out of the claim's index."""
-    lane(admin, 1)
+def test_a_parked_run_that_leaves_the_queue_is_no_longer_parked(engine: Engine, admin: Any) -> None:
+    """Rule d: a parked run that leaves `queued` is no longer parked, whatever moved it. One set
+    running must stay in the claim's index, so that its lease's expiry makes it claimable again;
+    one cancelled must not stay parked, or a retry would send it back to the queue parked with
+    no run ahead of it to unpark it."""
+    lane(admin, 2)
     enqueue(admin, 1)
+    enqueue(admin, 2)
     admin.execute("UPDATE connection_runs SET parked = true")
-    assert claim(admin) is None  # a parked run is out of the new claim's walk
-    old = admin.execute("SELECT id, parked FROM claim_run('old', %s)", (LEASE,)).fetchone()
-    assert old["parked"] is False
-    admin.execute("UPDATE connection_runs SET lease_expires_at = now()")
-    assert claim(admin)["id"] == old["id"]  # the expired lease is claimed again
+    assert claim(admin) is None  # a parked run is out of the claim's walk
+    admin.execute(
+        "UPDATE connection_runs SET status = 'running', attempts = 1, worker_id = 'elsewhere', "
+        "lease_owner = gen_random_uuid(), lease_expires_at = now() - interval '1 second' "
+        "WHERE connection_id = 1"
+    )
+    admin.execute("UPDATE connection_runs SET status = 'cancelled' WHERE connection_id = 2")
+    assert parked(admin) == []
+    assert claim(admin)["connection_id"] == 1  # the expired lease is claimed again
 
 
 def test_the_claim_never_walks_parked_runs(engine: Engine, admin: Any) -> None:
@@ -139,11 +144,6 @@ def test_the_claim_never_walks_parked_runs(engine: Engine, admin: Any) -> None:
     assert outer["Index Name"] == "connection_runs_claimable_unparked", json.dumps(candidate)
     # The running run and the claimable one: not the 2,999 parked behind it.
     assert outer["Actual Rows"] + outer.get("Rows Removed by Filter", 0) <= 3
-    # The claim of the earlier version walks all of them: what the parking saves.
-    row, plans = explained(admin, "SELECT connection_id FROM claim_run('plan-test', %s)", (LEASE,))
-    candidate = next(p for p in plans if "SKIP LOCKED" in p["Query Text"])
-    scans = [n for n in nodes(candidate["Plan"]) if n.get("Relation Name") == "connection_runs"]
-    assert scans[0]["Actual Rows"] >= 2999, json.dumps(candidate, indent=1)
 
 
 class Drain:
@@ -302,8 +302,8 @@ def test_an_enqueue_wakes_one_idle_worker_and_a_parked_one_wakes_nobody(
 
     # A finish whose worker claims next itself takes the unparked run and wakes nobody.
     row = admin.execute(
-        "SELECT sealed, (claimed).connection_id FROM finish_and_claim_v3(%s, %s, 'succeeded', "
-        "'{}', NULL, NULL, false, 'w1', %s, NULL, true)",
+        "SELECT sealed, (claimed).connection_id FROM finish_and_claim_v4(%s, %s, 'succeeded', "
+        "'{}', '{}', NULL, NULL, false, 'w1', %s, NULL, true)",
         (run["id"], run["lease_owner"], LEASE),
     ).fetchone()
     assert row == {"sealed": True, "connection_id": 2}

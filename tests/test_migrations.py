@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from sync import Engine, MigrationError, SchemaBehind
-from sync.store.migrations import REWORDED, _lock_key, migrate, shipped
+from sync.store.migrations import _lock_key, migrate, shipped
 from tests.conftest import DATABASE_URL, DIRECT_URL, make_settings
 from tests.waiting import wait_until_blocked
 
@@ -65,21 +65,26 @@ def test_an_edited_migration_is_an_error(schema: str, admin: Any) -> None:
     with Engine(make_settings(schema)) as engine:
         engine.migrate()
         admin.execute("UPDATE schema_migrations SET checksum = 'edited' WHERE version = 1")
-        edited = r"0001_schema\.sql was edited after it was applied"
+        edited = r"0001_baseline\.sql was edited after it was applied"
         with pytest.raises(MigrationError, match=edited):
             engine.migrate()
+        with pytest.raises(MigrationError, match=edited):
+            engine.worker()
 
 
-def test_a_database_migrated_before_a_comment_was_reworded_still_verifies(
-    schema: str, admin: Any
-) -> None:
-    """0001's opening comment was reworded after release; its statements are unchanged, so a
-    database that recorded the earlier checksum migrates and opens as before."""
+def test_a_schema_migrated_by_another_build_is_an_error(schema: str, admin: Any) -> None:
+    """A schema whose migration 1 is another file (made by a build from before the baseline,
+    whose migrations were numbered differently) is refused by name, before any checksum."""
     with Engine(make_settings(schema)) as engine:
         engine.migrate()
-        (earlier,) = REWORDED[1]
-        admin.execute("UPDATE schema_migrations SET checksum = %s WHERE version = 1", (earlier,))
-        assert engine.migrate() == []
+        admin.execute(
+            "UPDATE schema_migrations SET name = 'schema', checksum = 'x' WHERE version = 1"
+        )
+        other = r"migrated by another build .*0001_schema\.sql, not 0001_baseline\.sql"
+        with pytest.raises(MigrationError, match=other):
+            engine.migrate()
+        with pytest.raises(MigrationError, match=other):
+            engine.worker()
 
 
 def test_the_worker_refuses_a_schema_that_is_behind(schema: str, admin: Any) -> None:

@@ -7,7 +7,7 @@ reason (``RetryPolicy``) and the clock decisions are taken on. Only the stores i
 ``sync.store.queries`` (an import-linter contract in ``pyproject.toml``).
 
 The statements themselves live in ``sql/queries.sql``, by name, each with the invariant it
-protects; the fence they share is ``run_fence_v1`` (``sql/0012_fence_and_versions.sql``)."""
+protects; the fence they share is ``run_fence_v1`` (``sql/0001_baseline.sql``)."""
 
 from sync.base.clock import Clock, ManualClock, SystemClock
 from sync.store.fenced import SliceSave, TableWrites

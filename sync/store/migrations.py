@@ -84,18 +84,18 @@ def _field(row: Any, name: str) -> Any:
     return row[name] if isinstance(row, dict) else row[0]
 
 
-# Checksums a migration had before only its comments were reworded: databases migrated earlier
-# recorded them, and their statements are the same. Statements are never edited in place.
-REWORDED: dict[int, frozenset[str]] = {
-    1: frozenset({"17455f724d9ee734332b4396dc39284d258295a61eb1aeb96ff1bcb5ca9598c2"}),
-}
-
-
-def _verify_checksums(applied: dict[int, dict[str, Any]], migrations: list[Migration]) -> None:
+def _verify_checksums(
+    applied: dict[int, dict[str, Any]], migrations: list[Migration], schema: str
+) -> None:
     for m in migrations:
         row = applied.get(m.version)
-        accepted = {m.checksum, *REWORDED.get(m.version, ())}
-        if row is not None and row["checksum"] not in accepted:
+        if row is not None and row["name"] != m.name:
+            raise MigrationError(
+                f"schema {schema!r} was migrated by another build of connector-sync (its "
+                f"migration {m.version} is {m.version:04d}_{row['name']}.sql, not {m.filename}); "
+                "migrate a new schema (CONNECTOR_SYNC_SCHEMA) or drop this one and migrate again"
+            )
+        if row is not None and row["checksum"] != m.checksum:
             raise MigrationError(
                 f"migration {m.filename} was edited after it was applied; restore the original "
                 "and put the change in a new numbered migration"
@@ -150,7 +150,7 @@ def _migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
     ident = sql.Identifier(schema)
     migrations = shipped()
     applied = _bootstrap(conn, schema)
-    _verify_checksums(applied, migrations)
+    _verify_checksums(applied, migrations, schema)
     done = []
     for m in migrations:
         if m.version in applied:
@@ -194,7 +194,7 @@ def check_schema(conn: psycopg.Connection[Any], schema: str) -> None:
         raise SchemaBehind(
             f"the database has no connector-sync schema {schema!r}; run `connector-sync migrate`"
         )
-    _verify_checksums(applied, migrations)
+    _verify_checksums(applied, migrations, schema)
     missing = [m.filename for m in migrations if m.version not in applied]
     if missing:
         raise SchemaBehind(
