@@ -12,7 +12,9 @@ import itertools
 import json
 import logging
 import re
+import shutil
 import signal
+import tempfile
 import threading
 from collections.abc import Iterator
 from datetime import datetime
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 import typer
 from cryptography.fernet import Fernet
+from psycopg.conninfo import conninfo_to_dict
 from rich.cells import cell_len
 
 from connectors import RetryableError
@@ -267,11 +270,14 @@ def test_warnings_logged_without_logging_configured_wrap_at_the_width(
 
 @pytest.mark.slow
 def test_the_new_credentials_key_warning_wraps_at_the_width(
-    cli: Cli, backend: Backend, tmp_path: Path
+    cli: Cli, backend: Backend, request: pytest.FixtureRequest
 ) -> None:
     if backend.name != "database_url":
         pytest.skip("a home of its own for the key file: the embedded database's is shared")
-    home = tmp_path / "home"
+    # A short path: the warning wraps between words, and a path longer than a line (pytest's
+    # temporary directories under xdist are) can only be cut inside itself.
+    home = Path(tempfile.mkdtemp(prefix="cs-")) / "home"
+    request.addfinalizer(lambda: shutil.rmtree(home.parent, ignore_errors=True))
     env = {"CONNECTOR_SYNC_SECRET_KEYS": None, "CONNECTOR_SYNC_HOME": str(home), "COLUMNS": "80"}
     cli("workspaces", "create", "w").ok()
     proc = cli.script(
@@ -330,17 +336,18 @@ def test_a_url_without_a_host_is_described_as_the_local_socket(
     if backend.name != "database_url":
         pytest.skip("about DATABASE_URL")
     monkeypatch.delenv("PGHOST", raising=False)
-    socket_url = "postgresql://postgres@/test"
+    dbname = conninfo_to_dict(DATABASE_URL)["dbname"]  # whatever the test database is called
+    socket_url = f"postgresql://postgres@/{dbname}"
     listed = cli("workspaces", "list", DATABASE_URL=socket_url).ok()
     assert listed.err.strip() == (
-        f"database: postgresql://postgres@/test on the local socket (DATABASE_URL), "
+        f"database: postgresql://postgres@/{dbname} on the local socket (DATABASE_URL), "
         f"schema {backend.schema}"
     ), listed.err
     assert (
         describe("dbname=test user=postgres") == "postgresql://postgres@/test on the local socket"
     )
     monkeypatch.setenv("PGHOST", "db.internal")
-    assert describe(socket_url) == "postgresql://postgres@db.internal:5432/test"
+    assert describe(socket_url) == f"postgresql://postgres@db.internal:5432/{dbname}"
 
 
 # -- secrets rotate never leaves the credentials readable nowhere ----------------------------------
