@@ -255,10 +255,10 @@ WITH target AS (
 SELECT * FROM target;
 
 -- name: retry_run
--- An operator's retry of a dead-lettered (failed) run: the same row goes back to the queue with
--- a fresh allowance of attempts, and every table that did not succeed is read again. Refused
--- (no row) unless the run failed and, for a sync, its connection is still active; the unique
--- index refuses it while the connection has another active run.
+-- An operator's retry of a dead-lettered (failed) or cancelled run: the same row goes back to the
+-- queue with a fresh allowance of attempts, and every table that did not succeed is read again.
+-- Refused (no row) unless the run failed or was cancelled and, for a sync, its connection is still
+-- active; the unique index refuses it while the connection has another active run.
 UPDATE connection_runs r
    SET status = 'queued', queued_at = now(), finished_at = NULL, error = NULL,
        cancel_requested_at = NULL, max_attempts = r.attempts + %(max_attempts)s,
@@ -269,7 +269,7 @@ UPDATE connection_runs r
                     FROM jsonb_each(r.results) AS t(name, result))
  WHERE r.id = %(run_id)s
    AND (%(workspace_id)s::bigint IS NULL OR r.workspace_id = %(workspace_id)s)
-   AND r.status = 'failed'
+   AND r.status IN ('failed', 'cancelled')
    AND (r.kind = 'purge'
         OR EXISTS (SELECT 1 FROM connections c
                     WHERE c.id = r.connection_id AND c.status = 'active'))

@@ -466,7 +466,8 @@ def runs_cancel(run_id: int = RunArg(), as_json: bool = JsonOption) -> None:
 @runs_app.command("retry")
 @guarded
 def runs_retry(run_id: int = RunArg(), as_json: bool = JsonOption) -> None:
-    """Put a failed (dead-lettered) run back in the queue with a fresh set of attempts."""
+    """Put a failed (dead-lettered) or cancelled run back in the queue with a fresh set of
+    attempts."""
     with open_engine() as engine:
         run = engine.retry_run(run_id)
     if as_json:

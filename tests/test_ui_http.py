@@ -184,9 +184,14 @@ def test_with_the_csrf_token_each_action_does_what_it_says(engine: Engine, queue
             "run 1 has already ended (cancelled); only a queued or running run can be cancelled"
             in again.text
         )
+        # A cancelled run goes back to the queue, as a cancelled job does.
+        retried = post("/runs/1/retry")
+        assert retried.status_code == 303 and retried.headers["location"] == "/runs/1"
+        assert engine.run(1).status == "queued"
         assert post("/runs/1/retry").text.strip() == (
-            "409: run 1 has already ended (cancelled); only a failed run can be retried"
+            "409: run 1 is queued; only a failed or cancelled run can be retried"
         )
+        engine.cancel_run(1)
         assert post("/runs/99/cancel").status_code == 404
 
         synced = post("/connections/1/sync")
