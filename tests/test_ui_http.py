@@ -82,7 +82,9 @@ def state(engine: Engine) -> tuple[str, str, int]:
 
 
 def test_with_a_token_a_request_without_it_gets_401(engine: Engine, queued_run: Any) -> None:
-    with serving(engine, UiOptions(token=TOKEN)) as url, httpx.Client(base_url=url) as client:
+    database = "postgresql://ops@db.internal:5432/billing, schema sync"
+    options = UiOptions(token=TOKEN, database=database)
+    with serving(engine, options) as url, httpx.Client(base_url=url) as client:
         for path in (
             "/connections",
             "/runs",
@@ -108,6 +110,9 @@ def test_with_a_token_a_request_without_it_gets_401(engine: Engine, queued_run: 
         # is not the token.
         page = client.get("/runs?status=queued", headers=HTML)
         assert page.status_code == 401 and 'name="token"' in page.text
+        # Who has not signed in is not told which database is behind the page.
+        assert "db.internal" not in page.text and "billing" not in page.text
+        assert "db.internal" not in client.get("/login", headers=HTML).text
         token = csrf_token(client, "/login")
         bad = client.post("/login", data={"csrf_token": token, "token": "nope", "next": "/runs"})
         assert bad.status_code == 401 and "not the token" in bad.text
@@ -117,7 +122,8 @@ def test_with_a_token_a_request_without_it_gets_401(engine: Engine, queued_run: 
         )
         assert good.status_code == 303 and good.headers["location"] == "/runs?status=queued"
         assert TOKEN not in good.headers.get("set-cookie", "")
-        assert client.get("/runs/1", headers=HTML).status_code == 200
+        signed_in = client.get("/runs/1", headers=HTML)
+        assert signed_in.status_code == 200 and f"database: {database}" in signed_in.text
 
         # Signing out ends it; a redirect target off this server is never followed.
         token = csrf_token(client, "/runs")
