@@ -299,9 +299,10 @@ class Engine(IngestionsApi):
         )
 
     def resume(self, connection_id: int, *, force: bool = False) -> Connection:
-        """Resume a paused connection (its schedule restarts from now). A disconnected one (the
-        provider refused its credentials) needs new credentials (:meth:`update_connection`),
-        or ``force`` to try the refused ones again."""
+        """Resume a paused connection. A scheduled one is due at once (the next worker poll
+        queues a sync), and its schedule goes on from now. A disconnected one (the provider
+        refused its credentials) needs new credentials (:meth:`update_connection`), or ``force``
+        to try the refused ones again."""
         allowed = [ConnectionStatus.PAUSED, ConnectionStatus.ACTIVE]
         if force:
             allowed.append(ConnectionStatus.DISCONNECTED)

@@ -184,6 +184,19 @@ def warn(message: str) -> None:
     Console(stderr=True, highlight=False).print(Text(f"warning: {message}"))
 
 
+YesOption = typer.Option(False, "--yes", "-y", help="Do not ask first (on a terminal).")
+
+
+def confirm(question: str, *, yes: bool) -> None:
+    """Ask ``question`` first when a person is at a terminal (and ``--yes`` was not given); a
+    script's stdin is no terminal, and is never asked. Anything but yes exits 1, doing nothing."""
+    if yes or not sys.stdin.isatty():
+        return
+    if not typer.confirm(question, default=False, err=True):
+        print("nothing was done", file=sys.stderr, flush=True)
+        raise typer.Exit(1)
+
+
 class WrappedWarnings(logging.Handler):
     """Where the engine's warnings go when nothing has configured logging (every command but
     ``worker`` and ``ui``, which log with timestamps): ``logging.lastResort``. Python's own

@@ -16,6 +16,8 @@ from sync.cli_base import (
     ConnectionArg,
     JsonOption,
     WorkspaceOption,
+    YesOption,
+    confirm,
     connections_app,
     emit_json,
     fail,
@@ -112,14 +114,21 @@ def workspaces_rename(
 @guarded
 def workspaces_delete(
     workspace: str = typer.Argument(..., metavar="WORKSPACE", help="Workspace id or name."),
+    yes: bool = YesOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Delete a workspace and every connection in it; its run history is kept.
 
     A purge run removes each connection's records (behind a sync still running); the name is
-    free again at once."""
+    free again at once. On a terminal it asks first (--yes does not)."""
     with open_engine() as engine:
         ws = engine.workspace(workspace)
+        count = len(engine.connections(ws.id))
+        confirm(
+            f"Delete workspace {ws.id} {ws.name!r} and purge its {count} connection(s) and every "
+            "record they synced?",
+            yes=yes,
+        )
         purges = engine.delete_workspace(ws.id)
     if as_json:
         emit_json({"workspace": ws.to_json(), "purges": [p.to_json() for p in purges]})
@@ -350,10 +359,19 @@ def connections_update(
     stdout().print(line + _schedule_text(updated.schedule_every if every else None))
 
 
-def _set_status(action: Callable[[Engine], Connection], verb: str) -> None:
+def _set_status(action: Callable[[Engine], Connection], verb: str) -> Connection:
     with open_engine() as engine:
         c = action(engine)
     stdout().print(f"connection {c.id} {verb} (status {c.status})")
+    return c
+
+
+def resumed_note(c: Connection) -> str:
+    """What resuming a connection sets off: a scheduled one is due at once."""
+    if c.schedule_every is None:
+        return f"it has no schedule: it syncs when asked (`connector-sync sync {c.id}`)"
+    every = format_every(c.schedule_every.total_seconds())
+    return f"its schedule makes it due now: a worker starts a sync, then one every {every}"
 
 
 @connections_app.command("pause")
@@ -373,7 +391,8 @@ def connections_resume(
         help="Resume a disconnected connection with the credentials the provider refused.",
     ),
 ) -> None:
-    """Resume a paused connection (its schedule restarts from now).
+    """Resume a paused connection: a scheduled one is due at once (a sync starts), then its
+    schedule goes on from now.
 
     A disconnected one needs new credentials (`connections update CONNECTION --credentials
     @FILE`), or --force to try the refused ones again."""
@@ -382,17 +401,25 @@ def connections_resume(
             "--force resumes the connection with the credentials the provider refused; unless "
             "they work again, its next sync disconnects it again"
         )
-    _set_status(lambda engine: engine.resume(connection_id, force=force), "resumed")
+    c = _set_status(lambda engine: engine.resume(connection_id, force=force), "resumed")
+    stdout().print(resumed_note(c))
 
 
 @connections_app.command("delete")
 @guarded
-def connections_delete(connection_id: int = ConnectionArg(), as_json: bool = JsonOption) -> None:
+def connections_delete(
+    connection_id: int = ConnectionArg(), yes: bool = YesOption, as_json: bool = JsonOption
+) -> None:
     """Delete a connection and its records; its run history is kept.
 
     Its queued sync is cancelled and a purge run deletes its records (behind a sync that is
-    still running)."""
+    still running). On a terminal it asks first (--yes does not)."""
     with open_engine() as engine:
+        c = engine.connection(connection_id)
+        confirm(
+            f"Delete connection {c.id} {c.name!r} ({c.provider}) and purge every record it synced?",
+            yes=yes,
+        )
         purge = engine.delete_connection(connection_id)
     if as_json:
         emit_json(purge.to_json())
