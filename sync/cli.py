@@ -275,6 +275,8 @@ def print_results(out: Console, run: Run) -> None:
     else:
         ended.append(f" after {tries}: {counts_text(run.results)}")
     out.print(ended)
+    if run.cancel_came_late:
+        out.print(f"a cancel was asked for after the work was done: the run ended {run.status}")
     if run.error and run.status != RunStatus.CANCELLED:
         out.print(Text(error_text(run.error, status=run.status), overflow="fold"))
     elif run.error:
@@ -434,9 +436,12 @@ def runs_show(run_id: int = RunArg(), as_json: bool = JsonOption) -> None:
         rows.append(("lease expires", when(run.lease_expires_at)))
         rows.append(("worker", run.worker_id or "-"))
     if run.cancel_requested_at:
-        rows.append(("cancel requested", when(run.cancel_requested_at)))
+        late = f", after the work was done: it ended {run.status}" if run.cancel_came_late else ""
+        rows.append(("cancel requested", when(run.cancel_requested_at) + late))
     if run.error:
-        rows.append(("error", error_text(run.error, status=run.status)))
+        # Why a cancelled run ended is no error.
+        label = "why" if run.status == RunStatus.CANCELLED else "error"
+        rows.append((label, error_text(run.error, status=run.status)))
     if not run.is_terminal:  # a finished run's status and error say it all
         now = datetime.now(UTC)
         rows.append(

@@ -224,3 +224,22 @@ def test_a_paused_connection_is_not_scheduled_nor_synced(engine: Engine) -> None
         engine.sync(conn.id)
     engine.resume(conn.id)
     assert engine.worker(listen=False).poll() is True
+
+
+def test_a_cancel_that_comes_while_the_run_finishes_is_said_in_the_run(schema: str) -> None:
+    from tests.conftest import make_settings
+
+    # The control read that would see the cancel is minutes away: the work ends first.
+    with Engine(make_settings(schema, control_interval=300), pool_size=6) as engine:
+        engine.migrate()
+        key, data = new_dataset(items=items(1, 2, 3))
+        ws = engine.create_workspace("acme")
+        conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+        run = engine.sync(conn.id)
+        # Asked for while the last row is read: the run is running, so the cancel is recorded.
+        data.before_row["items"] = lambda index: index == 2 and engine.cancel_run(run.id)
+        assert engine.worker(listen=False).poll()
+        final = engine.run(run.id)
+    assert final.status == "succeeded" and final.cancel_requested_at is not None
+    assert final.cancel_came_late and final.to_json()["cancel_came_late"] is True
+    assert final.error is None
