@@ -85,10 +85,10 @@ class Browser:
         """Stop the page's live parts (before its server stops, or they report errors)."""
         self.page.goto("about:blank")
 
-    def expect_error_page(self) -> None:
-        """An error page was loaded on purpose: the browser reports its status once; that
-        report is not a fault of the page."""
-        assert self.errors and "status of 404" in self.errors[-1], self.errors
+    def expect_error_page(self, status: int = 404) -> None:
+        """An error page (or a form sent back with its mistakes, 400) was loaded on purpose:
+        the browser reports its status once; that report is not a fault of the page."""
+        assert self.errors and f"status of {status}" in self.errors[-1], self.errors
         self.errors.pop()
 
     def screenshot(self, name: str) -> Path:
