@@ -26,10 +26,11 @@ import typer
 from cryptography.fernet import Fernet
 from psycopg.conninfo import conninfo_to_dict
 from rich.cells import cell_len
+from rich.console import Console
 
 from connectors import RetryableError
 from connectors.simulated.server import Simulation, start_server
-from sync.cli import app, main
+from sync.cli import app, main, print_results
 from sync.cli_base import WrappedWarnings
 from sync.console import when
 from sync.database_url import describe
@@ -478,3 +479,37 @@ def test_a_handed_back_and_resumed_run_counts_each_row_once(
     assert [[int(n) for n in r[-3:]] for r in attempt_rows] == [
         [a[k] for k in kinds] for a in per_attempt
     ], shown
+
+
+# -- a cancel is a reason, and one that came after the work was done says so -----------------------
+
+
+def test_runs_show_says_why_a_run_was_cancelled_and_when_a_cancel_came_late(
+    cli: Cli, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The control read that would see a cancel is minutes away: a late one finds the work done.
+    monkeypatch.setenv("CONNECTOR_SYNC_CONTROL_INTERVAL", "300")
+    key, data = new_dataset(items=items(1, 2))
+    with backend.engine() as engine:
+        ws = engine.create_workspace("w")
+        conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+        cancelled = engine.cancel_run(engine.sync(conn.id).id)
+        late = engine.sync(conn.id)
+        data.before_row["items"] = lambda index: index == 1 and engine.cancel_run(late.id)
+        worker = engine.worker(listen=False)
+        assert worker.poll()
+        worker.close()
+    shown = cli("runs", "show", str(cancelled.id), columns=80).ok().out
+    assert re.search(r"^why\s+cancelled before it started\s*$", shown, re.M), shown
+    assert not re.search(r"^error\s", shown, re.M), shown
+    shown = " ".join(cli("runs", "show", str(late.id), columns=200).ok().out.split())
+    assert "succeeded" in shown
+    assert "after the work was done: it ended succeeded" in shown, shown
+    assert cli("runs", "show", str(late.id), "--json").json()["cancel_came_late"] is True
+    # `sync --wait` ends with the same words.
+    with backend.engine() as engine:
+        out = Console(record=True, width=100)
+        print_results(out, engine.run(late.id))
+    assert "a cancel was asked for after the work was done: the run ended succeeded" in (
+        out.export_text()
+    )

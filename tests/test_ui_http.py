@@ -561,3 +561,30 @@ def test_a_runs_page_says_where_it_is_and_what_it_waits_for(schema: str) -> None
             polling.join(60)
         worker.close()
         assert engine.run(running.id).status == "succeeded"
+
+
+def test_a_cancel_is_shown_as_the_reason_a_run_ended_not_as_an_error(schema: str) -> None:
+    # The control read that would see a cancel is minutes away: a late one finds the work done.
+    with Engine(make_settings(schema, control_interval=300), pool_size=6) as engine:
+        engine.migrate()
+        key, data = new_dataset(items=items(1, 2))
+        ws = engine.create_workspace("acme")
+        conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+        cancelled = engine.cancel_run(engine.sync(conn.id).id)
+        late = engine.sync(conn.id)
+        data.before_row["items"] = lambda index: index == 1 and engine.cancel_run(late.id)
+        assert engine.worker(listen=False).poll()
+        assert engine.run(late.id).status == "succeeded"
+        with serving(engine) as url, httpx.Client(base_url=url, headers=HTML) as client:
+            page = client.get(f"/runs/{cancelled.id}").text
+            shown = page[page.index('id="run-error"') :]
+            assert shown.startswith('id="run-error">\n<div class="reason">'), shown[:80]
+            assert "<h2>Why it ended</h2>" in page and "<h2>Error</h2>" not in page
+            listed = client.get("/runs").text
+            row = listed[listed.index(f'id="run-{cancelled.id}"') :]
+            assert '<td class="headline quiet">' in row[: row.index("</tr>")]
+            page = client.get(f"/runs/{late.id}").text
+            said = re.search(r'<p class="note" id="cancel-late">([^<]*)</p>', page)
+            assert said is not None and said.group(1).endswith(
+                "after the work was done: the run ended succeeded."
+            )
