@@ -48,6 +48,7 @@ from sync.cli_base import (
     WrappedWarnings,
     app,
     brief_error,
+    connection_names,
     connection_ref,
     counts,
     counts_text,
@@ -350,11 +351,12 @@ def runs_list(
             workspace_id=ws,
             limit=limit,
         )
+        names = connection_names(engine)
     if as_json:
         emit_json([r.to_json() for r in found])
         return
     out = stdout()
-    out.print(runs_table(found, out.width) if found else "no runs")
+    out.print(runs_table(found, out.width, names=names) if found else "no runs")
 
 
 def attempts_table(attempts: list[Attempt], width: int) -> Table:
@@ -407,13 +409,14 @@ def runs_show(run_id: int = RunArg(), as_json: bool = JsonOption) -> None:
         run = engine.run(run_id)
         attempts = engine.attempts(run_id)
         alive, able = live_workers(engine, run.provider) if not run.is_terminal else (None, None)
+        names = connection_names(engine)
     if as_json:
         emit_json({**run.to_json(), "attempts": [a.to_json() for a in attempts]})
         return
     out = stdout()
     rows: list[tuple[str, Cell]] = [
         ("run", f"#{run.id} ({run.kind}, trigger {run.trigger})"),
-        ("connection", connection_ref(run)),
+        ("connection", connection_ref(run, names)),
         ("provider", run.provider),
         ("status", styled(run.status)),
         ("attempts", f"{run.attempts} of {run.max_attempts}"),

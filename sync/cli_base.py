@@ -368,18 +368,26 @@ def counts_text(results: dict[str, Any] | None) -> str:
     return f"{c['upserted']} upserted, {c['unchanged']} unchanged, {c['tombstoned']} tombstoned"
 
 
-def connection_ref(run: Run) -> str:
+def connection_ref(run: Run, names: Mapping[int, str] | None = None) -> str:
+    """A run's connection as people read it: ``tracker (3)``, or its id once deleted."""
     if run.connection_id is not None:
-        return str(run.connection_id)
+        name = (names or {}).get(run.connection_id)
+        return f"{name} ({run.connection_id})" if name else str(run.connection_id)
     if run.deleted_connection_id is not None:
         return f"{run.deleted_connection_id} (deleted)"
     return "(deleted)"
 
 
-def runs_table(runs: list[Run], width: int, title: str | None = None) -> Table:
+def connection_names(engine: Engine) -> dict[int, str]:
+    return {c.id: c.name for c in engine.connections()}
+
+
+def runs_table(
+    runs: list[Run], width: int, title: str | None = None, names: Mapping[int, str] | None = None
+) -> Table:
     columns = [
         Col("run", key=True),
-        Col("connection", keep=9),
+        Col("connection", text="ellipsis", keep=9),
         Col("provider", keep=7),
         Col("kind", keep=2),
         Col("status", key=True),
@@ -398,7 +406,7 @@ def runs_table(runs: list[Run], width: int, title: str | None = None) -> Table:
         rows.append(
             [
                 f"#{run.id}",
-                connection_ref(run),
+                connection_ref(run, names),
                 run.provider,
                 run.kind,
                 styled(run.status),

@@ -214,6 +214,7 @@ def connections_list(
     with open_engine() as engine:
         ws = workspace_id(engine, workspace) if workspace else None
         found = engine.connections(ws)
+        workspaces = {w.id: w.name for w in engine.workspaces()}
     if as_json:
         emit_json([c.to_json() for c in found])
         return
@@ -225,7 +226,7 @@ def connections_list(
         Col("id", key=True, justify="right"),
         # Leaving first when there is no room: the next run (`connections show` has it), then
         # the workspace; whether there are credentials stays longer.
-        Col("workspace", keep=2, justify="right"),
+        Col("workspace", text="ellipsis", keep=2),
         Col("name", text="fold"),
         Col("provider", keep=6),
         Col("status", key=True),
@@ -236,7 +237,7 @@ def connections_list(
     rows: list[list[Cell]] = [
         [
             str(c.id),
-            str(c.workspace_id),
+            workspaces.get(c.workspace_id, str(c.workspace_id)),
             c.name,
             c.provider,
             styled(c.status),
@@ -249,7 +250,7 @@ def connections_list(
     out.print(fitted_table(columns, rows, out.width))
 
 
-def _connection_details(c: Connection) -> Table:
+def _connection_details(c: Connection, workspace: str) -> Table:
     status: Cell = styled(c.status)
     if c.status == ConnectionStatus.DISCONNECTED:
         status = Text.assemble(
@@ -259,7 +260,7 @@ def _connection_details(c: Connection) -> Table:
         )
     rows: list[tuple[str, Cell]] = [
         ("connection", f"{c.id} {c.name!r}"),
-        ("workspace", str(c.workspace_id)),
+        ("workspace", f"{c.workspace_id} {workspace!r}"),
         ("provider", c.provider),
         ("status", status),
         ("config", json.dumps(c.config)),
@@ -280,13 +281,14 @@ def connections_show(connection_id: int = ConnectionArg(), as_json: bool = JsonO
     with open_engine() as engine:
         c = engine.connection(connection_id)
         recent = engine.runs(connection_id=connection_id, limit=10)
+        workspace = engine.workspace(c.workspace_id).name
     if as_json:
         emit_json({**c.to_json(), "recent_runs": [r.to_json() for r in recent]})
         return
     out = stdout()
-    out.print(_connection_details(c))
+    out.print(_connection_details(c, workspace))
     if recent:
-        out.print(runs_table(recent, out.width, title="recent runs"))
+        out.print(runs_table(recent, out.width, title="recent runs", names={c.id: c.name}))
 
 
 @connections_app.command("update")

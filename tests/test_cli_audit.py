@@ -513,3 +513,23 @@ def test_runs_show_says_why_a_run_was_cancelled_and_when_a_cancel_came_late(
     assert "a cancel was asked for after the work was done: the run ended succeeded" in (
         out.export_text()
     )
+
+
+# -- names where they read better than ids ----------------------------------------------------------
+
+
+def test_runs_and_connections_are_named_not_numbered(cli: Cli, backend: Backend) -> None:
+    key, _ = new_dataset(items=items(1))
+    with backend.engine() as engine:
+        ws = engine.create_workspace("acme-inc")
+        conn = engine.create_connection(ws.id, "tracker", "memory", config={"dataset": key})
+        run = engine.sync(conn.id)
+    listed = cli("runs", "list", columns=120).ok().out
+    assert f"#{run.id}" in listed and f"tracker ({conn.id})" in listed, listed
+    shown = cli("runs", "show", str(run.id)).ok().out
+    assert re.search(rf"^connection\s+tracker \({conn.id}\)\s*$", shown, re.M), shown
+    connections = cli("connections", "list", columns=120).ok().out
+    assert re.search(r"\sacme-inc\s+tracker\s", connections), connections
+    detail = cli("connections", "show", str(conn.id)).ok().out
+    assert re.search(rf"^workspace\s+{ws.id} 'acme-inc'\s*$", detail, re.M), detail
+    assert f"tracker ({conn.id})" in detail  # its recent runs
