@@ -299,9 +299,10 @@ def search_command(
     limit: int = typer.Option(10, "--limit", metavar="N", min=1, max=1000),
     as_json: bool = JsonOption,
 ) -> None:
-    """The chunks of WORKSPACE's documents that best match QUERY: full-text rank and vector
-    similarity combined, best first, each with its file and page. Documents embedded by another
-    model than the configured one are matched by their words only; a line on stderr says so."""
+    """The chunks of WORKSPACE's documents that best match QUERY, best first, each with its
+    file, page and score (0 to 1: the query's words it holds, weighed by their rarity, and its
+    vector's similarity). Documents embedded by another model than the configured one are
+    matched by their words only; a line on stderr says so."""
     with open_engine() as engine:
         hits = engine.search(query, _workspace(engine, workspace), limit=limit)
     if hits.notice:
