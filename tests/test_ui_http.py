@@ -241,6 +241,8 @@ def test_read_only_refuses_every_action_and_offers_none(engine: Engine, queued_r
             assert page.status_code == 200
             assert 'method="post"' not in page.text, path
             assert "read-only" in page.text
+        for path in ("/connections/new", "/connections/1/edit", "/connections/1/credentials"):
+            assert client.get(path, headers=HTML).status_code == 403, path  # no form either
 
 
 # -- bad input and a database in trouble -----------------------------------------------------------
