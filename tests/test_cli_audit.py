@@ -515,7 +515,7 @@ def test_runs_show_says_why_a_run_was_cancelled_and_when_a_cancel_came_late(
     )
 
 
-# -- names where they read better than ids ----------------------------------------------------------
+# -- names where they read better than ids ---------------------------------------------------------
 
 
 def test_runs_and_connections_are_named_not_numbered(cli: Cli, backend: Backend) -> None:
