@@ -123,6 +123,8 @@ def test_a_connection_is_created_from_the_page(
     assert c.schedule_every is not None and c.schedule_every.total_seconds() == 900
     listed = client.get(created.headers["location"]).text
     assert "Connection tracker created." in listed
+    # An address naming a connection that is not there says nothing, and is no error.
+    assert client.get("/connections?done=created&connection=99").status_code == 200
     # The same name again is refused beside the name.
     again = client.post(
         "/connections/new",

@@ -11,6 +11,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from sync.api import Engine
+from sync.errors import NotFound
 from sync.models import Connection
 from sync.ui.actions import Link, Refused, action, back_to
 from sync.ui.render import engine_of, int_param, render
@@ -50,7 +51,10 @@ def _notice(request: Request) -> dict[str, object]:
     connection_id = int_param(request, "connection")
     if done not in DONE or connection_id is None:
         return {}
-    c = engine_of(request).connection(connection_id)
+    try:
+        c = engine_of(request).connection(connection_id)
+    except NotFound:  # deleted since: nothing to say about it
+        return {}
     notice = DONE[done].format(name=c.name)
     if done == "resumed":
         notice += " " + resumed_note(c)
