@@ -416,10 +416,16 @@ def runs_table(
                 format_duration(run_duration(run)),
                 str(c["upserted"]) if synced else "-",
                 str(c["tombstoned"]) if synced else "-",
-                error_text(run.error, status=run.status),
+                reason_or_error(run.error, run.status),
             ]
         )
     return fitted_table(columns, rows, width, title=title)
+
+
+def reason_or_error(error: RunError | None, status: str) -> Cell:
+    """A run's error, or, for a cancelled run, why it ended: dim, since it is no error."""
+    text = error_text(error, status=status)
+    return Text(text, style="dim") if status == RunStatus.CANCELLED else text
 
 
 def worker_state(worker: WorkerInfo, settings: Settings) -> str:

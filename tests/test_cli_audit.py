@@ -27,11 +27,12 @@ from cryptography.fernet import Fernet
 from psycopg.conninfo import conninfo_to_dict
 from rich.cells import cell_len
 from rich.console import Console
+from rich.text import Text
 
 from connectors import RetryableError
 from connectors.simulated.server import Simulation, start_server
 from sync.cli import app, main, print_results
-from sync.cli_base import WrappedWarnings
+from sync.cli_base import WrappedWarnings, runs_table
 from sync.console import when
 from sync.database_url import describe
 from sync.sqlfiles import sql_dir
@@ -506,10 +507,14 @@ def test_runs_show_says_why_a_run_was_cancelled_and_when_a_cancel_came_late(
     assert "succeeded" in shown
     assert "after the work was done: it ended succeeded" in shown, shown
     assert cli("runs", "show", str(late.id), "--json").json()["cancel_came_late"] is True
-    # `sync --wait` ends with the same words.
+    # `sync --wait` ends with the same words; `runs list` shows a cancel's reason dim.
     with backend.engine() as engine:
         out = Console(record=True, width=100)
         print_results(out, engine.run(late.id))
+        listed = runs_table([engine.run(cancelled.id)], 200)
+    (reason,) = listed.columns[-1]._cells
+    assert isinstance(reason, Text) and reason.style == "dim"
+    assert reason.plain == "cancelled before it started"
     assert "a cancel was asked for after the work was done: the run ended succeeded" in (
         out.export_text()
     )
