@@ -267,3 +267,25 @@ def test_every_refusal_of_an_action_is_a_page_that_says_what_to_do(
     refused = client.post(f"/connections/{conn.id}/sync")
     assert "give it new ones first" in refused.text
     assert f'href="/connections/{conn.id}/credentials"' in refused.text
+
+
+def test_resuming_says_that_a_scheduled_connection_syncs_now(engine: Engine, client: Any) -> None:
+    key, _ = new_dataset(items=items(1))
+    ws = engine.create_workspace("acme")
+    every = engine.create_connection(
+        ws.id, "scheduled", "memory", config={"dataset": key}, schedule_every=900
+    )
+    asked = engine.create_connection(ws.id, "by-hand", "memory", config={"dataset": key})
+    for c in (every, asked):
+        engine.pause(c.id)
+    resumed = client.post(f"/connections/{every.id}/resume")
+    assert resumed.headers["location"] == f"/connections?done=resumed&connection={every.id}"
+    assert (
+        "Its schedule makes it due now: a worker starts a sync"
+        in client.get(resumed.headers["location"]).text
+    )
+    resumed = client.post(f"/connections/{asked.id}/resume")
+    assert (
+        "It has no schedule: it syncs when you press Sync now."
+        in client.get(resumed.headers["location"]).text
+    )
