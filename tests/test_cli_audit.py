@@ -538,3 +538,26 @@ def test_runs_and_connections_are_named_not_numbered(cli: Cli, backend: Backend)
     detail = cli("connections", "show", str(conn.id)).ok().out
     assert re.search(rf"^workspace\s+{ws.id} 'acme-inc'\s*$", detail, re.M), detail
     assert f"tracker ({conn.id})" in detail  # its recent runs
+
+
+# -- only a password is a DATABASE_URL's secret ----------------------------------------------------
+
+PASSWORD = "Cnry-db-pw-7f3a"
+
+
+def test_only_a_password_is_kept_out_of_a_failed_connection_s_error(
+    schema: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failed(url: str) -> str:
+        env = {"DATABASE_URL": url, "CONNECTOR_SYNC_SCHEMA": schema}
+        cli = Cli(Backend("url", env, schema, None), capsys, monkeypatch)
+        return cli("workspaces", "list").one_line_error("Connection refused")
+
+    # A URL without a password holds no secret: the error quotes it, so it can be checked.
+    plain = "postgresql://postgres@127.0.0.1:1/no_password_db"
+    line = failed(plain)
+    assert f"cannot connect to {plain}: " in line and "[redacted]" not in line, line
+    # With one, the error names the database without it.
+    line = failed(f"postgresql://postgres:{PASSWORD}@127.0.0.1:1/with_password_db")
+    assert "cannot connect to postgresql://postgres@127.0.0.1:1/with_password_db: " in line
+    assert PASSWORD not in line

@@ -156,24 +156,6 @@ COMMANDS = [
 ]
 
 
-def test_only_a_password_is_kept_out_of_a_failed_connection_s_error(
-    schema: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def failed(url: str) -> str:
-        env = {"DATABASE_URL": url, "CONNECTOR_SYNC_SCHEMA": schema}
-        cli = Cli(Backend("url", env, schema, None), capsys, monkeypatch)
-        return cli("workspaces", "list").one_line_error("Connection refused")
-
-    # A URL without a password holds no secret: the error quotes it, so it can be checked.
-    plain = "postgresql://postgres@127.0.0.1:1/no_password_db"
-    line = failed(plain)
-    assert f"cannot connect to {plain}: " in line and "[redacted]" not in line, line
-    # With one, the error names the database without it.
-    line = failed(f"postgresql://postgres:{CANARY}@127.0.0.1:1/with_password_db")
-    assert "cannot connect to postgresql://postgres@127.0.0.1:1/with_password_db: " in line
-    assert CANARY not in line
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD_URLS), ids=list(BAD_URLS))
 def test_no_error_path_prints_the_database_password(
