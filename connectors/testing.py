@@ -19,7 +19,11 @@ from connectors.errors import Aborted
 
 @dataclass
 class FakeContext:
-    """An in-memory ConnectorContext. Sleeps are recorded, not slept."""
+    """An in-memory ConnectorContext. Sleeps are recorded, not slept.
+
+    ``config`` is the connector's config model, as the engine gives it: ``FakeContext(
+    config=MyConfig(...))``, or :meth:`of` with a dict, validated as the engine validates a
+    connection's."""
 
     config: BaseModel
     credentials: Mapping[str, Any] = field(default_factory=dict)
@@ -36,6 +40,32 @@ class FakeContext:
     logger: logging.LoggerAdapter[logging.Logger] = field(
         default_factory=lambda: logging.LoggerAdapter(logging.getLogger("connector.test"), {})
     )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, BaseModel):
+            raise TypeError(
+                "FakeContext(config=...) takes the connector's config model, not a "
+                f"{type(self.config).__name__}: FakeContext(config=MyConfig(...)), or "
+                "FakeContext.of(MyConnector, config={...}) to validate a dict as the engine does"
+            )
+
+    @classmethod
+    def of(
+        cls,
+        connector: type[Connector],
+        config: Mapping[str, Any] | BaseModel | None = None,
+        credentials: Mapping[str, Any] | None = None,
+        **fields: Any,
+    ) -> FakeContext:
+        """A context for ``connector``: ``config`` validated by its ``config_model`` and the
+        ``credentials`` by its ``credentials_model`` (when it has one), as the engine validates a
+        connection's, so a mistake is a ``ValidationError`` naming the field here rather than an
+        error inside the connector. ``fields``: the context's other fields (``cursors``...)."""
+        model = connector.config_model
+        validated = config if isinstance(config, model) else model.model_validate(config or {})
+        if connector.credentials_model is not None:
+            connector.credentials_model.model_validate(dict(credentials or {}))
+        return cls(config=validated, credentials=dict(credentials or {}), **fields)
 
     def cursor(self, table: str, partition: str | None = None) -> Any | None:
         saved = self.cursors.get(table)

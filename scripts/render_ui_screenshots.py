@@ -7,7 +7,8 @@ DATABASE_URL (default: the local test database). It works in a schema of its own
 end: the simulated provider serves two tenants, a worker loop syncs their connections (one with
 a refused token, one paused, one held part-way so a run is shown running), serves application
 queues (a bounced mail in its dead-letter queue, a report held running) and indexes two local
-files (one gone before it is read), and headless Chromium photographs each page.
+files (one gone before it is read), and headless Chromium photographs each page, the connection
+forms, and three pages as a 390 px phone shows them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -93,6 +95,27 @@ def application_queues(engine: Engine) -> tuple[int, threading.Event]:
     queues.send("reports", {"quarter": "2026-Q4"}, key="2026-Q4")
     queues.send("digest", {"kind": "weekly"}, start_after=timedelta(hours=6))
     return bounced, held
+
+
+def forms(page: Any, base: str, output: Path, workspace: int, refused: int, run: int) -> None:
+    """The connection forms: a new one made of its provider's models (then sent without its
+    tenant, which is said beside the field), and new credentials for the connection whose
+    token the provider refused, reached from its failed run."""
+    page.goto(f"{base}/connections/new?workspace={workspace}&provider=simulated")
+    page.locator("#name").fill("tracker-eu")
+    page.locator("#every").fill("1h")
+    page.locator("#config-base_url").fill("https://tracker.example.eu")
+    page.locator("#credentials-token").fill("never-shown")
+    page.screenshot(path=str(output / "ui-connection-new.png"), full_page=True)
+    print(f"wrote {output / 'ui-connection-new'}.png")
+    page.get_by_role("button", name="Create connection").click()
+    expect(page.locator("#config-tenant-error")).to_be_visible()
+    page.screenshot(path=str(output / "ui-connection-new-errors.png"), full_page=True)
+    print(f"wrote {output / 'ui-connection-new-errors'}.png")
+    page.goto(f"{base}/connections/{refused}/credentials?run={run}")
+    expect(page.locator("#why-disconnected")).to_be_visible()
+    page.screenshot(path=str(output / "ui-connection-credentials.png"), full_page=True)
+    print(f"wrote {output / 'ui-connection-credentials'}.png")
 
 
 def main(output: Path) -> None:
@@ -175,6 +198,18 @@ def main(output: Path) -> None:
                         "ui-workers": ("/workers", "#workers tr[data-state=alive] .lanes a"),
                     }
                     for name, (path, ready) in shots.items():
+                        page.goto(base + path)
+                        expect(page.locator(ready).first).to_be_visible()
+                        page.screenshot(path=str(output / f"{name}.png"), full_page=True)
+                        print(f"wrote {output / name}.png")
+                    forms(page, base, output, acme.id, legacy, failed)
+                    page.set_viewport_size({"width": 390, "height": 844})  # a phone
+                    phone = {
+                        "ui-connections-phone": ("/connections", f"#connection-{tracker}"),
+                        "ui-runs-phone": ("/runs", f"#run-{held}[data-status=running]"),
+                        "ui-run-failed-phone": (f"/runs/{failed}", "#new-credentials"),
+                    }
+                    for name, (path, ready) in phone.items():
                         page.goto(base + path)
                         expect(page.locator(ready).first).to_be_visible()
                         page.screenshot(path=str(output / f"{name}.png"), full_page=True)

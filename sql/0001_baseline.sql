@@ -240,6 +240,13 @@ $$;
 CREATE TRIGGER connections_keep_run_history BEFORE DELETE ON connections
     FOR EACH ROW EXECUTE FUNCTION keep_deleted_connection_id();
 
+-- A connection's last run is the one that finished last, not the newest by id: a failed run
+-- retried finishes after runs queued since. The operator page reads it with one probe of this
+-- index per connection (connections_overview), however much history retention keeps.
+CREATE INDEX connection_runs_last_finished
+    ON connection_runs (connection_id, finished_at DESC, id DESC)
+ WHERE finished_at IS NOT NULL;
+
 
 -- 3. Workers -----------------------------------------------------------------------------------
 
@@ -1292,7 +1299,11 @@ CREATE TABLE document_chunks (
     -- only vectors of its own model.
     embedding_model text NOT NULL,
     embedding       real[] NOT NULL,  -- the pgvector type instead, where chosen (below)
-    tsv             tsvector GENERATED ALWAYS AS (to_tsvector('simple', text)) STORED,
+    -- The full-text side of search reads chunks in English: words are stemmed ("renewed" and
+    -- "renewal" are one term) and stop words ("is", "the", "how") are left out, so a question
+    -- in plain words matches by the words that carry its meaning. Words the dictionary does not
+    -- know (part numbers, codes) are kept as written.
+    tsv             tsvector GENERATED ALWAYS AS (to_tsvector('english', text)) STORED,
     PRIMARY KEY (document_id, chunk_index),
     FOREIGN KEY (document_id, workspace_id) REFERENCES documents (id, workspace_id)
         ON DELETE CASCADE

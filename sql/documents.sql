@@ -46,60 +46,90 @@ SELECT count(*) AS chunks FROM document_chunks WHERE document_id = %(document_id
 
 -- name: search_chunks
 -- The best chunks of one workspace for a query, never another workspace's, of ready documents
--- only (one being indexed, or indexed again, is not searched until it is ready): the `candidates`
--- best by full-text rank (any of the query's words) and the `candidates` nearest by vector (of
--- the query's model only), fused by reciprocal rank: score = sum of 1 / (rrf_k + rank) over
--- the two lists a chunk is in. Ties are broken by document and chunk index, so the order is
--- stable. With `scan_all` (pgvector) the vector side ranks every chunk of the workspace; without
--- (real[], whose similarity is SQL, about 60 times slower) it ranks the full-text candidates.
-WITH query AS (
-    SELECT (SELECT string_agg(q::text, ' | ')
-              FROM unnest(%(words)s::text[]) AS w,
-                   plainto_tsquery('simple', w) AS q
-             WHERE numnode(q) > 0)::tsquery AS tsq
+-- only (one being indexed, or indexed again, is not searched until it is ready). Candidates: the
+-- `candidates` best by their words and, with `scan_all` (pgvector), the `candidates` nearest the
+-- query's vector among every chunk of the workspace (real[], whose similarity is SQL and about
+-- 60 times slower, ranks the word candidates only). Each candidate is then scored on both sides:
+--   text_score: the query's English terms (stemmed, stop words left out), each weighed by how
+--   rare it is among the workspace's chunks (BM25's inverse document frequency); a chunk scores
+--   the weights of the terms it holds, each saturating with how often it holds it (BM25's k1),
+--   over what a chunk holding every term would score: from 0 to 1;
+--   similarity: the cosine of its vector and the query's (of the query's model only, else 0).
+-- score = text_weight x text_score + (1 - text_weight) x similarity (never below 0): it says how
+-- well a chunk matches, so a good match scores far above a poor one whatever else the workspace
+-- holds. Ties are broken by document and chunk index, so the order is stable.
+-- The chunks holding any term are read once (`held`: each term a chunk holds, with how often,
+-- cut from its tsvector by setweight and ts_filter), and each term's document frequency is
+-- counted from them; a term no chunk holds weighs the most, so a chunk holding the other terms
+-- of the query does not score as if it held them all. A lexeme is quoted into a tsquery of its own (the parser never puts a quote
+-- or a backslash in one; they are escaped all the same).
+WITH terms AS (
+    SELECT DISTINCT t.lexeme,
+           ('''' || replace(replace(t.lexeme, '\', '\\'), '''', '''''') || '''')::tsquery AS tsq
+      FROM unnest(to_tsvector('english', %(query)s)) AS t
+),
+query AS (
+    SELECT (SELECT string_agg(tsq::text, ' | ') FROM terms)::tsquery AS tsq,
+           (SELECT array_agg(lexeme) FROM terms) AS lexemes
+),
+held AS MATERIALIZED (
+    SELECT c.document_id, c.chunk_index, u.lexeme, cardinality(u.positions) AS tf
+      FROM document_chunks c
+     CROSS JOIN query q
+     CROSS JOIN LATERAL unnest(ts_filter(setweight(c.tsv, 'A', q.lexemes), '{a}')) AS u
+     WHERE c.workspace_id = %(workspace_id)s AND c.tsv @@ q.tsq
+),
+weighted AS (
+    SELECT t.lexeme, ln(1 + (k.n - coalesce(h.df, 0) + 0.5) / (coalesce(h.df, 0) + 0.5)) AS idf
+      FROM terms t
+      LEFT JOIN (SELECT lexeme, count(*) AS df FROM held GROUP BY lexeme) h USING (lexeme)
+     CROSS JOIN (SELECT count(*) AS n FROM document_chunks
+                  WHERE workspace_id = %(workspace_id)s) k
+),
+text_scored AS (
+    SELECT h.document_id, h.chunk_index,
+           sum(w.idf * h.tf * (%(k1)s + 1) / (h.tf + %(k1)s))
+           / ((SELECT sum(idf) FROM weighted) * (%(k1)s + 1)) AS text_score
+      FROM held h JOIN weighted w USING (lexeme)
+     GROUP BY h.document_id, h.chunk_index
 ),
 by_text AS (
-    SELECT c.document_id, c.chunk_index, ts_rank_cd(c.tsv, q.tsq) AS text_rank
-      FROM document_chunks c
-      JOIN documents d ON d.id = c.document_id AND d.status = 'ready'
-     CROSS JOIN query q
-     WHERE c.workspace_id = %(workspace_id)s AND c.tsv @@ q.tsq
-     ORDER BY text_rank DESC, c.document_id, c.chunk_index
+    SELECT t.document_id, t.chunk_index
+      FROM text_scored t
+      JOIN documents d ON d.id = t.document_id AND d.status = 'ready'
+     ORDER BY t.text_score DESC, t.document_id, t.chunk_index
      LIMIT %(candidates)s
 ),
 by_vector AS (
-    SELECT c.document_id, c.chunk_index,
-           document_similarity(c.embedding, %(vector)s::real[]) AS similarity
-      FROM document_chunks c
-      JOIN documents d ON d.id = c.document_id AND d.status = 'ready'
-     WHERE c.workspace_id = %(workspace_id)s AND c.embedding_model = %(model)s
-       AND (%(scan_all)s OR (c.document_id, c.chunk_index) IN (SELECT document_id, chunk_index
-                                                                 FROM by_text))
-     ORDER BY similarity DESC, c.document_id, c.chunk_index
-     LIMIT %(candidates)s
-),
-ranked_vector AS (
-    SELECT *, row_number() OVER (ORDER BY similarity DESC, document_id, chunk_index) AS rank
-      FROM by_vector
+    SELECT document_id, chunk_index
+      FROM (SELECT c.document_id, c.chunk_index,
+                   document_similarity(c.embedding, %(vector)s::real[]) AS similarity
+              FROM document_chunks c
+              JOIN documents d ON d.id = c.document_id AND d.status = 'ready'
+             WHERE %(scan_all)s AND c.workspace_id = %(workspace_id)s
+               AND c.embedding_model = %(model)s
+             ORDER BY similarity DESC, c.document_id, c.chunk_index
+             LIMIT %(candidates)s) AS nearest
      WHERE similarity > %(min_similarity)s
 ),
-ranked_text AS (
-    SELECT *, row_number() OVER (ORDER BY text_rank DESC, document_id, chunk_index) AS rank
-      FROM by_text
-),
-fused AS (
-    SELECT document_id, chunk_index, v.similarity, t.text_rank,
-           coalesce(1.0 / (%(rrf_k)s + v.rank), 0)
-           + coalesce(1.0 / (%(rrf_k)s + t.rank), 0) AS score
-      FROM ranked_vector v FULL JOIN ranked_text t USING (document_id, chunk_index)
+scored AS (
+    SELECT c.document_id, c.chunk_index,
+           CASE WHEN c.embedding_model = %(model)s
+                THEN document_similarity(c.embedding, %(vector)s::real[]) END AS similarity,
+           t.text_score
+      FROM (SELECT * FROM by_text UNION SELECT * FROM by_vector) AS candidate
+      JOIN document_chunks c USING (document_id, chunk_index)
+      LEFT JOIN text_scored t USING (document_id, chunk_index)
 )
-SELECT f.document_id, d.name AS document_name, f.chunk_index, c.page, c.text,
-       f.score::float8 AS score, f.similarity, f.text_rank::float8 AS text_rank,
+SELECT s.document_id, d.name AS document_name, s.chunk_index, c.page, c.text,
+       (%(text_weight)s * coalesce(s.text_score, 0)
+        + (1 - %(text_weight)s) * greatest(coalesce(s.similarity, 0), 0))::float8 AS score,
+       s.similarity, s.text_score::float8 AS text_score,
        d.scope, d.connection_id, d.table_name, d.external_id, d.local_path, d.member_path
-  FROM fused f
+  FROM scored s
   JOIN document_chunks c USING (document_id, chunk_index)
-  JOIN documents d ON d.id = f.document_id
- ORDER BY f.score DESC, f.document_id, f.chunk_index
+  JOIN documents d ON d.id = s.document_id
+ ORDER BY score DESC, s.document_id, s.chunk_index
  LIMIT %(limit)s;
 
 -- name: vector_storage

@@ -150,7 +150,8 @@ WITH fence AS (
     UPDATE ingestions i
        SET status = 'ready', finished_at = now(), lease_owner = NULL, lease_expires_at = NULL,
            document_id = doc.id,
-           processed_units = %(total_units)s, scope = %(scope)s, name = %(name)s,
+           processed_units = %(total_units)s, total_units = %(total_units)s,
+           scope = %(scope)s, name = %(name)s,
            results = i.results || %(results)s, error = NULL
       FROM doc
      WHERE i.id = %(ingestion_id)s

@@ -258,10 +258,10 @@ WITH target AS (
 SELECT * FROM target;
 
 -- name: retry_run
--- An operator's retry of a dead-lettered (failed) run: the same row goes back to the queue with
--- a fresh allowance of attempts, and every table that did not succeed is read again. Refused
--- (no row) unless the run failed and, for a sync, its connection is still active; the unique
--- index refuses it while the connection has another active run.
+-- An operator's retry of a dead-lettered (failed) or cancelled run: the same row goes back to the
+-- queue with a fresh allowance of attempts, and every table that did not succeed is read again.
+-- Refused (no row) unless the run failed or was cancelled and, for a sync, its connection is still
+-- active; the unique index refuses it while the connection has another active run.
 UPDATE connection_runs r
    SET status = 'queued', queued_at = now(), finished_at = NULL, error = NULL,
        cancel_requested_at = NULL, max_attempts = r.attempts + %(max_attempts)s,
@@ -272,7 +272,7 @@ UPDATE connection_runs r
                     FROM jsonb_each(r.results) AS t(name, result))
  WHERE r.id = %(run_id)s
    AND (%(workspace_id)s::bigint IS NULL OR r.workspace_id = %(workspace_id)s)
-   AND r.status = 'failed'
+   AND r.status IN ('failed', 'cancelled')
    AND (r.kind = 'purge'
         OR EXISTS (SELECT 1 FROM connections c
                     WHERE c.id = r.connection_id AND c.status = 'active'))
@@ -1060,9 +1060,10 @@ UPDATE connections SET credentials = %(credentials)s WHERE id = %(connection_id)
 
 -- name: connections_overview
 -- The operator page's list of connections: each with its queued/running/waiting run, if any,
--- and its last finished run. Two index probes per connection (connection_runs_by_connection,
--- walked backwards), and at most `limit` connections, so the page costs the same however much
--- history there is.
+-- and the run that finished last (by finish time: a retried run finishes after newer ones). Two
+-- index probes per connection (connection_runs_by_connection walked backwards, and
+-- connection_runs_last_finished), and at most `limit` connections, so the page costs the same
+-- however much history there is.
 SELECT c.id, c.workspace_id, w.name AS workspace_name, c.name, c.provider, c.status,
        c.schedule_every, c.next_run_at,
        a.id AS active_run_id, a.status AS active_run_status,
@@ -1077,8 +1078,9 @@ SELECT c.id, c.workspace_id, w.name AS workspace_name, c.name, c.provider, c.sta
   ) a ON true
   LEFT JOIN LATERAL (
       SELECT r.id, r.status, r.finished_at, r.error FROM connection_runs r
-       WHERE r.connection_id = c.id AND r.status IN ('succeeded', 'partial', 'failed', 'cancelled')
-       ORDER BY r.id DESC LIMIT 1
+       WHERE r.connection_id = c.id AND r.finished_at IS NOT NULL
+         AND r.status IN ('succeeded', 'partial', 'failed', 'cancelled')
+       ORDER BY r.finished_at DESC, r.id DESC LIMIT 1
   ) f ON true
  WHERE (%(workspace_id)s::bigint IS NULL OR c.workspace_id = %(workspace_id)s)
  ORDER BY c.workspace_id, c.id

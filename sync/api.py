@@ -17,16 +17,14 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
-from pydantic import ValidationError
 
-import connectors
-from connectors.base import Connector
 from sync.base import redact
 from sync.base.embedded import data_dir, embedded_url
 from sync.base.names import check_name, check_workspace_name, workspace_ref
 from sync.base.secrets import SecretBox
 from sync.base.settings import Settings
-from sync.errors import Conflict, InvalidInput, NotFound, describe_validation_error
+from sync.catalog import check_credentials, connector_class, valid_config
+from sync.errors import Conflict, InvalidInput, NotFound
 from sync.ingestions.api import IngestionsApi
 from sync.jobs import registry as kinds
 from sync.jobs.budgets import budget_key_of
@@ -186,11 +184,11 @@ class Engine(IngestionsApi):
         if self._workspace_id is not None and workspace_id != self._workspace_id:
             raise NotFound(f"no workspace {workspace_id}")
         check_name(name, "connection")
-        cls = _connector(provider)
-        validated = _valid_config(cls, config or {})
+        cls = connector_class(provider)
+        validated = valid_config(cls, config or {})
         creds = dict(credentials or {})
         redact.register(creds)
-        _check_credentials(cls, creds)
+        check_credentials(cls, creds)
         seconds = _seconds(schedule_every)
         try:
             created = self._tenants.create_connection(
@@ -243,17 +241,17 @@ class Engine(IngestionsApi):
         def repair(stored: LockedConnection) -> ConnectionRepair:
             nonlocal workspace_id
             workspace_id = stored.workspace_id
-            cls = _connector(stored.provider)
+            cls = connector_class(stored.provider)
             merged = dict(stored.config)
             for key, value in (config or {}).items():
                 if value is None:
                     merged.pop(key, None)
                 else:
                     merged[key] = value
-            validated = _valid_config(cls, merged)
+            validated = valid_config(cls, merged)
             budget_key = stored.budget_key
             if new_creds is not None:
-                _check_credentials(cls, new_creds)
+                check_credentials(cls, new_creds)
                 budget_key = budget_key_of(cls, stored.provider, validated, new_creds)
             elif config:  # the budget may depend on the config and the stored credentials
                 creds = self.secrets.decrypt(stored.credentials) if stored.credentials else {}
@@ -302,9 +300,10 @@ class Engine(IngestionsApi):
         )
 
     def resume(self, connection_id: int, *, force: bool = False) -> Connection:
-        """Resume a paused connection (its schedule restarts from now). A disconnected one (the
-        provider refused its credentials) needs new credentials (:meth:`update_connection`),
-        or ``force`` to try the refused ones again."""
+        """Resume a paused connection. A scheduled one is due at once (the next worker poll
+        queues a sync), and its schedule goes on from now. A disconnected one (the provider
+        refused its credentials) needs new credentials (:meth:`update_connection`), or ``force``
+        to try the refused ones again."""
         allowed = [ConnectionStatus.PAUSED, ConnectionStatus.ACTIVE]
         if force:
             allowed.append(ConnectionStatus.DISCONNECTED)
@@ -367,19 +366,38 @@ class Engine(IngestionsApi):
         return cancelled
 
     def retry_run(self, run_id: int) -> Run:
-        """Put a dead-lettered (failed) run back in the queue with a fresh set of attempts."""
+        """Put a dead-lettered (failed) or cancelled run back in the queue with a fresh set of
+        attempts; the tables it had not finished are read again."""
         try:
             retried = self.store.retry(run_id, self._workspace_id, self.settings.max_attempts)
         except psycopg.errors.UniqueViolation:
             raise Conflict(
-                f"run {run_id}'s connection already has a queued or running run"
+                f"run {run_id}'s connection already has a queued or running run; follow that "
+                "one, or cancel it first"
             ) from None
         if retried is None:
             run = self.run(run_id)
-            if run.status != RunStatus.FAILED:
-                raise Conflict(f"run {run_id} {_state(run)}; only a failed run can be retried")
-            raise Conflict(f"run {run_id}'s connection is not active, so it cannot sync")
+            if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED):
+                raise Conflict(
+                    f"run {run_id} {_state(run)}; only a failed or cancelled run can be retried"
+                )
+            raise Conflict(f"run {run_id} cannot sync: {self._why_not_active(run)}")
         return retried
+
+    def _why_not_active(self, run: Run) -> str:
+        """Why a run's connection cannot sync, and what to do about it."""
+        if run.connection_id is None:
+            return "its connection was deleted"
+        c = self.connection(run.connection_id)
+        if c.status == ConnectionStatus.DISCONNECTED:
+            return (
+                f"connection {c.id} is disconnected (the provider refused its credentials); "
+                f"give it new ones (`connector-sync connections update {c.id} --credentials "
+                "@FILE`), then retry"
+            )
+        if c.status == ConnectionStatus.PAUSED:
+            return f"connection {c.id} is paused; resume it, then retry"
+        return f"connection {c.id} is {c.status}"
 
     def runs(
         self,
@@ -533,33 +551,6 @@ def describe_database(settings: Settings, database_url: str | None = None) -> st
         else f"embedded Postgres under {data_dir(settings.home)}"
     )
     return f"{where}, schema {settings.schema_name}"
-
-
-def _connector(provider: str) -> type[Connector]:
-    try:
-        return connectors.get(provider)
-    except connectors.UnknownProvider as exc:
-        raise InvalidInput(str(exc)) from None
-
-
-def _valid_config(cls: type[Connector], config: Mapping[str, Any]) -> Any:
-    try:
-        return cls.config_model.model_validate(dict(config))
-    except ValidationError as exc:
-        raise InvalidInput(describe_validation_error(exc)) from None
-
-
-def _check_credentials(cls: type[Connector], credentials: Mapping[str, Any]) -> None:
-    model = cls.credentials_model
-    if model is None:
-        return
-    try:
-        model.model_validate(dict(credentials))
-    except ValidationError as exc:
-        problem = redact.redact(describe_validation_error(exc, "credentials"))
-        raise InvalidInput(
-            f"{problem}; `connector-sync providers` lists each provider's credential fields"
-        ) from None
 
 
 def _seconds(every: timedelta | float | None) -> float | None:

@@ -1,7 +1,9 @@
 """What each installed provider needs and syncs, read from its connector class: its tables (with
 how their deletions are found, and how late), and the fields of its config and credentials
 models (name, type, required or optional, default). ``connector-sync providers`` prints it; it
-is also what to write in ``--config`` and ``--credentials``."""
+is also what to write in ``--config`` and ``--credentials``, and what the operator page's
+connection forms are made of. A connection's config and credentials are checked against those
+models here, for every way in."""
 
 from __future__ import annotations
 
@@ -11,13 +13,15 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 import connectors
 from connectors.base import Connector, Deletions, Table
-from sync.base.durations import format_duration
+from sync.base import redact
+from sync.base.durations import format_every
+from sync.errors import InvalidFields, InvalidInput, describe_validation_error, field_problems
 
 
 def describe_providers(
@@ -60,7 +64,7 @@ def deletions_found(table: Table, complete_every: timedelta | None) -> str:
     if table.deletions is Deletions.FEED:
         return "delta feed"
     if table.listed_whole_for_deletions and complete_every is not None:
-        return f"within {format_duration(complete_every)}"
+        return f"within {format_every(complete_every.total_seconds())}"
     return "next sync"
 
 
@@ -102,3 +106,38 @@ def type_name(annotation: Any) -> str:
 
 def _plain(value: Any) -> bool:
     return value is None or isinstance(value, str | int | float | bool | list | dict)
+
+
+def connector_class(provider: str) -> type[Connector]:
+    """The installed connector of ``provider``, or :class:`InvalidInput` naming those there are."""
+    try:
+        return connectors.get(provider)
+    except connectors.UnknownProvider as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def valid_config(cls: type[Connector], config: Mapping[str, Any]) -> Any:
+    """``config`` validated by the connector's config model, or :class:`InvalidFields`."""
+    try:
+        return cls.config_model.model_validate(dict(config))
+    except ValidationError as exc:
+        message = describe_validation_error(exc)
+        raise InvalidFields(message, "config", field_problems(exc)) from None
+
+
+def check_credentials(cls: type[Connector], credentials: Mapping[str, Any]) -> None:
+    """Refuse (:class:`InvalidFields`) credentials the connector's credentials model refuses;
+    the problems are redacted (``credentials`` must be registered with ``sync.base.redact``)."""
+    model = cls.credentials_model
+    if model is None:
+        return
+    try:
+        model.model_validate(dict(credentials))
+    except ValidationError as exc:
+        problem = redact.redact(describe_validation_error(exc, "credentials"))
+        problems = {k: redact.redact(v) for k, v in field_problems(exc).items()}
+        raise InvalidFields(
+            f"{problem}; `connector-sync providers` lists each provider's credential fields",
+            "credentials",
+            problems,
+        ) from None

@@ -109,6 +109,19 @@ class Run(_FromRow):
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
+    @property
+    def cancel_came_late(self) -> bool:
+        """A cancel was asked for while the run was finishing: its work was done before its
+        worker read the request, so it ended as the work did, not cancelled."""
+        return (
+            self.cancel_requested_at is not None
+            and self.is_terminal
+            and self.status != RunStatus.CANCELLED
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "cancel_came_late": self.cancel_came_late}
+
 
 @dataclass(frozen=True)
 class Attempt(_FromRow):

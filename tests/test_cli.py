@@ -280,7 +280,7 @@ def test_sync_wait_exits_nonzero_when_the_run_fails_and_retry_requeues_it(
     run = as_json(cli(schema, "runs", "list", "--status", "failed", "--json"))[0]
     retried = as_json(cli(schema, "runs", "retry", str(run["id"]), "--json"))
     assert retried["status"] == "queued" and retried["id"] == run["id"]
-    one_line_error(cli(schema, "runs", "retry", str(run["id"])), "only a failed run")
+    one_line_error(cli(schema, "runs", "retry", str(run["id"])), "only a failed or cancelled run")
 
 
 @pytest.mark.slow

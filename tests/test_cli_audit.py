@@ -12,7 +12,9 @@ import itertools
 import json
 import logging
 import re
+import shutil
 import signal
+import tempfile
 import threading
 from collections.abc import Iterator
 from datetime import datetime
@@ -22,13 +24,17 @@ from typing import Any
 import pytest
 import typer
 from cryptography.fernet import Fernet
+from psycopg.conninfo import conninfo_to_dict
 from rich.cells import cell_len
+from rich.console import Console
+from rich.text import Text
 
 from connectors import RetryableError
 from connectors.simulated.server import Simulation, start_server
 from sync.base.database_url import describe
 from sync.cli import app, main
-from sync.cli.common import WrappedWarnings
+from sync.cli.commands import print_results
+from sync.cli.common import WrappedWarnings, runs_table
 from sync.cli.console import when
 from sync.testing import make_run_due
 from tests.cli_backends import Backend, Cli
@@ -266,11 +272,14 @@ def test_warnings_logged_without_logging_configured_wrap_at_the_width(
 
 @pytest.mark.slow
 def test_the_new_credentials_key_warning_wraps_at_the_width(
-    cli: Cli, backend: Backend, tmp_path: Path
+    cli: Cli, backend: Backend, request: pytest.FixtureRequest
 ) -> None:
     if backend.name != "database_url":
         pytest.skip("a home of its own for the key file: the embedded database's is shared")
-    home = tmp_path / "home"
+    # A short path: the warning wraps between words, and a path longer than a line (pytest's
+    # temporary directories under xdist are) can only be cut inside itself.
+    home = Path(tempfile.mkdtemp(prefix="cs-")) / "home"
+    request.addfinalizer(lambda: shutil.rmtree(home.parent, ignore_errors=True))
     env = {"CONNECTOR_SYNC_SECRET_KEYS": None, "CONNECTOR_SYNC_HOME": str(home), "COLUMNS": "80"}
     cli("workspaces", "create", "w").ok()
     proc = cli.script(
@@ -329,17 +338,18 @@ def test_a_url_without_a_host_is_described_as_the_local_socket(
     if backend.name != "database_url":
         pytest.skip("about DATABASE_URL")
     monkeypatch.delenv("PGHOST", raising=False)
-    socket_url = "postgresql://postgres@/test"
+    dbname = conninfo_to_dict(DATABASE_URL)["dbname"]  # whatever the test database is called
+    socket_url = f"postgresql://postgres@/{dbname}"
     listed = cli("workspaces", "list", DATABASE_URL=socket_url).ok()
     assert listed.err.strip() == (
-        f"database: postgresql://postgres@/test on the local socket (DATABASE_URL), "
+        f"database: postgresql://postgres@/{dbname} on the local socket (DATABASE_URL), "
         f"schema {backend.schema}"
     ), listed.err
     assert (
         describe("dbname=test user=postgres") == "postgresql://postgres@/test on the local socket"
     )
     monkeypatch.setenv("PGHOST", "db.internal")
-    assert describe(socket_url) == "postgresql://postgres@db.internal:5432/test"
+    assert describe(socket_url) == f"postgresql://postgres@db.internal:5432/{dbname}"
 
 
 # -- secrets rotate never leaves the credentials readable nowhere ----------------------------------
@@ -470,3 +480,84 @@ def test_a_handed_back_and_resumed_run_counts_each_row_once(
     assert [[int(n) for n in r[-3:]] for r in attempt_rows] == [
         [a[k] for k in kinds] for a in per_attempt
     ], shown
+
+
+# -- a cancel is a reason, and one that came after the work was done says so -----------------------
+
+
+def test_runs_show_says_why_a_run_was_cancelled_and_when_a_cancel_came_late(
+    cli: Cli, backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The control read that would see a cancel is minutes away: a late one finds the work done.
+    monkeypatch.setenv("CONNECTOR_SYNC_CONTROL_INTERVAL", "300")
+    key, data = new_dataset(items=items(1, 2))
+    with backend.engine() as engine:
+        ws = engine.create_workspace("w")
+        conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+        cancelled = engine.cancel_run(engine.sync(conn.id).id)
+        late = engine.sync(conn.id)
+        data.before_row["items"] = lambda index: index == 1 and engine.cancel_run(late.id)
+        worker = engine.worker(listen=False)
+        assert worker.poll()
+        worker.close()
+    shown = cli("runs", "show", str(cancelled.id), columns=80).ok().out
+    assert re.search(r"^why\s+cancelled before it started\s*$", shown, re.M), shown
+    assert not re.search(r"^error\s", shown, re.M), shown
+    shown = " ".join(cli("runs", "show", str(late.id), columns=200).ok().out.split())
+    assert "succeeded" in shown
+    assert "after the work was done: it ended succeeded" in shown, shown
+    assert cli("runs", "show", str(late.id), "--json").json()["cancel_came_late"] is True
+    # `sync --wait` ends with the same words; `runs list` shows a cancel's reason dim.
+    with backend.engine() as engine:
+        out = Console(record=True, width=100)
+        print_results(out, engine.run(late.id))
+        listed = runs_table([engine.run(cancelled.id)], 200)
+    (reason,) = listed.columns[-1]._cells
+    assert isinstance(reason, Text) and reason.style == "dim"
+    assert reason.plain == "cancelled before it started"
+    assert "a cancel was asked for after the work was done: the run ended succeeded" in (
+        out.export_text()
+    )
+
+
+# -- names where they read better than ids ---------------------------------------------------------
+
+
+def test_runs_and_connections_are_named_not_numbered(cli: Cli, backend: Backend) -> None:
+    key, _ = new_dataset(items=items(1))
+    with backend.engine() as engine:
+        ws = engine.create_workspace("acme-inc")
+        conn = engine.create_connection(ws.id, "tracker", "memory", config={"dataset": key})
+        run = engine.sync(conn.id)
+    listed = cli("runs", "list", columns=120).ok().out
+    assert f"#{run.id}" in listed and f"tracker ({conn.id})" in listed, listed
+    shown = cli("runs", "show", str(run.id)).ok().out
+    assert re.search(rf"^connection\s+tracker \({conn.id}\)\s*$", shown, re.M), shown
+    connections = cli("connections", "list", columns=120).ok().out
+    assert re.search(r"\sacme-inc\s+tracker\s", connections), connections
+    detail = cli("connections", "show", str(conn.id)).ok().out
+    assert re.search(rf"^workspace\s+{ws.id} 'acme-inc'\s*$", detail, re.M), detail
+    assert f"tracker ({conn.id})" in detail  # its recent runs
+
+
+# -- only a password is a DATABASE_URL's secret ----------------------------------------------------
+
+PASSWORD = "Cnry-db-pw-7f3a"
+
+
+def test_only_a_password_is_kept_out_of_a_failed_connection_s_error(
+    schema: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failed(url: str) -> str:
+        env = {"DATABASE_URL": url, "CONNECTOR_SYNC_SCHEMA": schema}
+        cli = Cli(Backend("url", env, schema, None), capsys, monkeypatch)
+        return cli("workspaces", "list").one_line_error("Connection refused")
+
+    # A URL without a password holds no secret: the error quotes it, so it can be checked.
+    plain = "postgresql://postgres@127.0.0.1:1/no_password_db"
+    line = failed(plain)
+    assert f"cannot connect to {plain}: " in line and "[redacted]" not in line, line
+    # With one, the error names the database without it.
+    line = failed(f"postgresql://postgres:{PASSWORD}@127.0.0.1:1/with_password_db")
+    assert "cannot connect to postgresql://postgres@127.0.0.1:1/with_password_db: " in line
+    assert PASSWORD not in line

@@ -86,6 +86,13 @@ def test_queues_and_jobs_from_the_command_line(cli: Cli, backend: Backend) -> No
     assert [a["outcome"] for a in shown["attempt_history"]] == ["failed", "failed"]
     text = cli("jobs", "show", str(sent["id"]), columns=80).ok().out
     assert "ZeroDivisionError" in text and all(len(line) <= 80 for line in text.splitlines())
+    # Redriving the queue it was sent to finds nothing there, and says where to look.
+    nothing = cli("jobs", "redrive", "docs.ingest").ok().out
+    assert " ".join(nothing.split()) == (
+        "redrove 0 job(s) from docs.ingest docs.ingest's dead jobs move to its dead-letter "
+        "queue docs.dead, which holds 1: `connector-sync jobs redrive docs.dead` sends them "
+        "back to docs.ingest"
+    )
     assert cli("jobs", "redrive", "docs.dead", "--json").json() == {
         "redriven": [sent["id"]],
         "skipped": [],

@@ -5,7 +5,9 @@ sync wrote; a deleted connection's run history."""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -257,3 +259,54 @@ def test_secrets_rotate_re_encrypts_every_credential_with_the_first_key(
         " ".join(human.split())
     )
     cli(*change, CONNECTOR_SYNC_SECRET_KEYS=new).ok()  # the old key is no longer needed
+
+
+def test_resume_says_that_a_scheduled_connection_syncs_now(
+    cli: Cli, backend: Backend, simulated: tuple[str, Simulation]
+) -> None:
+    url, _ = simulated
+    cid = connection(cli, url)
+    cli("connections", "pause", str(cid)).ok()
+    said = " ".join(cli("connections", "resume", str(cid)).ok().out.split())
+    assert said == (
+        f"connection {cid} resumed (status active) it has no schedule: it syncs when asked "
+        f"(`connector-sync sync {cid}`)"
+    )
+    cli("connections", "update", str(cid), "--every", "15m").ok()
+    cli("connections", "pause", str(cid)).ok()
+    said = " ".join(cli("connections", "resume", str(cid)).ok().out.split())
+    assert said.endswith(
+        "its schedule makes it due now: a worker starts a sync, then one every 15m"
+    ), said
+    shown = cli("connections", "show", str(cid), "--json").json()
+    assert datetime.fromisoformat(shown["next_run_at"]) <= datetime.now(UTC)
+
+
+class Terminal(io.StringIO):
+    """What a person types at a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_delete_asks_first_on_a_terminal_and_never_in_a_script(
+    cli: Cli, backend: Backend, simulated: tuple[str, Simulation], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, _ = simulated
+    cid = connection(cli, url)
+    monkeypatch.setattr(sys, "stdin", Terminal("n\n"))
+    declined = cli("connections", "delete", str(cid))
+    assert declined.code == 1 and "nothing was done" in declined.err, declined
+    assert f"Delete connection {cid} 'tracker' (simulated)" in declined.err
+    assert cli("connections", "show", str(cid), "--json").json()["status"] == "active"
+    monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
+    assert "is being deleted" in cli("connections", "delete", str(cid)).ok().out
+
+    other = connection(cli, url, name="crm", workspace="globex")
+    monkeypatch.setattr(sys, "stdin", Terminal("\n"))  # Enter alone is no
+    assert cli("workspaces", "delete", "globex").code == 1
+    assert cli("connections", "show", str(other), "--json").json()["status"] == "active"
+    assert "is being deleted" in cli("workspaces", "delete", "globex", "--yes").ok().out
+    # A script (no terminal) is never asked.
+    third = connection(cli, url, name="third")
+    assert "is being deleted" in cli("connections", "delete", str(third), stdin="").ok().out

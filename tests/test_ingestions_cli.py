@@ -100,6 +100,67 @@ def test_a_queued_ingestion_is_cancelled_at_once(cli: Cli, tmp_path: Path) -> No
     assert shown["status"] == "cancelled" and shown["error"]["kind"] == "cancelled"
 
 
+def test_ingest_takes_several_paths_and_folders(cli: Cli, tmp_path: Path) -> None:
+    cli("workspaces", "create", "site").ok()
+    folder = tmp_path / "handbook"
+    (folder / "safety").mkdir(parents=True)
+    (folder / ".git").mkdir()
+    for name in ("intro.md", "safety/ladders.txt", "safety/photo.png", ".notes.txt", ".git/x.md"):
+        write_text(folder / name, 2)
+    extra = write_text(tmp_path / "minutes.txt", 2)
+    queued = cli(
+        "ingest", str(folder), str(extra), str(folder / "intro.md"), "-w", "site", "--json"
+    )
+    found = queued.json()
+    # A folder's files in name order, hidden ones left out, each file once.
+    assert [i["local_path"] for i in found["ingestions"]] == [
+        str(folder / "intro.md"),
+        str(folder / "safety" / "ladders.txt"),
+        str(extra),
+    ]
+    assert found["skipped"] == [str(folder / "safety" / "photo.png")]
+    said = cli("ingest", str(folder), "-w", "site", columns=80).ok().out
+    assert f"ingestion #1 queued: {folder / 'intro.md'}" in said.replace("\n", "")
+    assert "left out 1 file(s) of a type that cannot be indexed: photo.png" in said
+
+    # A path that is not there refuses the whole command: nothing more is queued.
+    before = len(cli("ingestions", "list", "--json").json())
+    missing = cli("ingest", str(extra), str(tmp_path / "gone"), "-w", "site")
+    missing.one_line_error(f"{tmp_path / 'gone'} is not a file or a folder")
+    empty = tmp_path / "pictures"
+    empty.mkdir()
+    (empty / "site.jpg").write_bytes(b"\xff\xd8")
+    cli("ingest", str(empty), "-w", "site").one_line_error("no file that can be indexed", ".jpg")
+    assert len(cli("ingestions", "list", "--json").json()) == before
+
+
+def test_an_unchanged_file_ingested_again_says_its_chunks_were_indexed_already(
+    cli: Cli, tmp_path: Path
+) -> None:
+    from sync.cli.documents import describe_ingestion
+
+    path = write_text(tmp_path / "a.txt", 12)
+    total = chunk_count(path)
+    with cli.backend.engine() as engine:
+        ws = engine.create_workspace("site")
+        first = engine.ingest(path, ws.id)
+        worker = worker_with(engine)
+        try:
+            drain(worker)
+            again = engine.ingest(path, ws.id)
+            drain(worker)
+        finally:
+            worker.close()
+        done = engine.ingestion(again.id)
+    assert again.id != first.id and done.status == "ready"
+    assert (done.processed_units, done.total_units) == (total, total)
+    assert describe_ingestion(done, workers_alive=None, now=datetime.now(UTC)) == (
+        f"ready: unchanged, its {total:,} chunks were indexed already"
+    )
+    shown = cli("ingestions", "show", str(done.id)).ok().out
+    assert f"{total:,} of {total:,} embedded" in shown and "nothing was embedded again" in shown
+
+
 @pytest.mark.parametrize(
     ("args", "needles"),
     [

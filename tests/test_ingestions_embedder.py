@@ -216,7 +216,7 @@ def test_documents_of_another_model_match_by_words_with_a_notice_until_reindexed
         results = engine.search("guardrail anchor", ws.id, limit=5)
         # Found by their words, their vectors compared with nothing, and the results say so.
         assert len(results) == 5 and all(h.similarity is None for h in results)
-        assert all(h.text_rank is not None for h in results)
+        assert all(h.text_score is not None for h in results)
         assert results.notice == (
             f"1 document(s) ({total:,} chunks) were embedded by hashing-v1-256, not the "
             f"configured {OPENAI}, so they match by their words only; `connector-sync "

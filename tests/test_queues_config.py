@@ -4,6 +4,8 @@ manual clock: what is accepted, and the one-line error for each mistake."""
 from __future__ import annotations
 
 import math
+import sys
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +19,7 @@ from psycopg.types.json import Jsonb
 
 from sync.errors import InvalidInput
 from sync.queues import ManualClock, QueuePolicy, parse_lanes, queue_spec, read_queue_file
+from sync.queues.apps import load_setup
 from sync.queues.lanes import served_queues
 from sync.queues.payloads import json_payload
 from sync.queues.registry import HandlerRegistry
@@ -271,3 +274,51 @@ def test_a_manual_clock_moves_only_forward() -> None:
         clock.advance(-1)
     with pytest.raises(ValueError):
         ManualClock(datetime(2030, 1, 1))
+
+
+# Where `worker --app` finds an application
+
+
+@pytest.fixture
+def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
+    """A directory holding an application `jobs_<random>.py` whose setup imports a module beside
+    it, outside sys.path, as a project checked out and `pip install .`-ed elsewhere is."""
+    name = f"jobs_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}_helpers.py").write_text("QUEUE = 'reports'\n")
+    (tmp_path / f"{name}.py").write_text(
+        f"from {name}_helpers import QUEUE\n\ndef setup(queues):\n    queues.append(QUEUE)\n"
+    )
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    return tmp_path, name
+
+
+def test_an_app_is_found_in_the_current_directory_as_uvicorn_and_celery_find_it(
+    app_dir: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory, name = app_dir
+    monkeypatch.chdir(directory)
+    declared: list[str] = []
+    load_setup(f"{name}:setup")(declared)  # type: ignore[arg-type]
+    assert declared == ["reports"]
+
+
+def test_an_app_is_found_by_its_file_with_its_own_imports(app_dir: tuple[Path, str]) -> None:
+    directory, name = app_dir
+    declared: list[str] = []
+    load_setup(f"{directory / name}.py:setup")(declared)  # type: ignore[arg-type]
+    assert declared == ["reports"]
+
+
+def test_an_app_that_is_not_there_is_one_line_that_says_where_to_look(
+    app_dir: tuple[Path, str],
+) -> None:
+    directory, name = app_dir
+    with pytest.raises(InvalidInput) as missing_module:
+        load_setup(f"{name}:setup")  # not in the current directory, not on sys.path
+    assert "run the worker from the directory that holds it" in one_line(missing_module)
+    with pytest.raises(InvalidInput) as missing_file:
+        load_setup(f"{directory}/elsewhere.py:setup")
+    assert one_line(missing_file).endswith(f"there is no file {directory}/elsewhere.py")
+    with pytest.raises(InvalidInput) as no_function:
+        load_setup(f"{directory / name}.py:nothing")
+    assert "has no function nothing" in one_line(no_function)

@@ -9,6 +9,7 @@ from typing import Any
 
 from sync import Engine
 from sync.store.maintenance import MAINTENANCE
+from sync.store.queries import QUERIES
 from tests.plans import explained, nodes
 
 HISTORY = """
@@ -68,6 +69,21 @@ def test_a_batch_of_old_runs_walks_the_retention_index(engine: Engine, admin: An
     assert {n.get("Index Name") for n in attempts} == {"run_attempts_by_run"}, [
         (n["Node Type"], n.get("Index Name")) for n in attempts
     ]
+
+
+def test_the_connections_page_reads_each_last_run_by_one_index_probe(
+    engine: Engine, admin: Any
+) -> None:
+    admin.execute(HISTORY)
+    _, plans = explained(
+        admin, QUERIES._by_name["connections_overview"].text, {"workspace_id": 1, "limit": 500}
+    )
+    found = [node for plan in plans for node in nodes(plan["Plan"])]
+    sorts = [key for n in found if n["Node Type"] == "Sort" for key in n["Sort Key"]]
+    assert not [k for k in sorts if "finished_at" in k], sorts  # the index gives the order
+    last = [n for n in found if n.get("Index Name") == "connection_runs_last_finished"]
+    # One row per connection read, not its 500 finished runs.
+    assert last and last[0]["Actual Rows"] == 1 and last[0]["Actual Loops"] == 100, last
 
 
 def test_a_batch_of_old_tombstones_reads_them_by_index_and_deletes_by_tuple_id(

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from connectors import RateLimited, RetryableError
+from connectors import AuthError, RateLimited, RetryableError
 from sync import Conflict, Engine
 from tests.fakes import DATASETS
 from tests.test_sync_flow import items, new_dataset
@@ -69,6 +69,38 @@ def test_retryable_failure_requeues_the_same_row_then_dead_letters(
     assert len(engine.attempts(run.id)) == 4
     with pytest.raises(Conflict):
         engine.retry_run(run.id)
+
+
+def test_a_cancelled_run_can_be_retried_like_a_failed_one(engine: Engine) -> None:
+    key, _ = new_dataset(items=items(1, 2))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+    run = engine.cancel_run(engine.sync(conn.id).id)
+    assert run.status == "cancelled"
+    again = engine.retry_run(run.id)
+    assert (again.id, again.status, again.cancel_requested_at) == (run.id, "queued", None)
+    assert engine.worker(listen=False).poll()
+    assert engine.run(run.id).status == "succeeded"
+    with pytest.raises(Conflict, match="only a failed or cancelled run can be retried"):
+        engine.retry_run(run.id)
+
+
+def test_a_retry_the_connection_cannot_take_says_what_to_do_first(engine: Engine) -> None:
+    key, data = new_dataset(items=items(1))
+    data.failures["items"] = (0, AuthError("401: the token was revoked"))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+    run = engine.sync(conn.id)
+    assert engine.worker(listen=False).poll()
+    assert engine.run(run.id).status == "failed"
+    assert engine.connection(conn.id).status == "disconnected"
+    with pytest.raises(Conflict, match=r"disconnected .*give it new ones .*then retry"):
+        engine.retry_run(run.id)
+    engine.pause(engine.update_credentials(conn.id, {"token": "new"}).id)
+    with pytest.raises(Conflict, match=f"connection {conn.id} is paused; resume it, then retry"):
+        engine.retry_run(run.id)
+    engine.resume(conn.id)
+    assert engine.retry_run(run.id).status == "queued"
 
 
 def test_retry_after_overrides_the_backoff(engine: Engine, admin: Any) -> None:
@@ -192,3 +224,22 @@ def test_a_paused_connection_is_not_scheduled_nor_synced(engine: Engine) -> None
         engine.sync(conn.id)
     engine.resume(conn.id)
     assert engine.worker(listen=False).poll() is True
+
+
+def test_a_cancel_that_comes_while_the_run_finishes_is_said_in_the_run(schema: str) -> None:
+    from tests.conftest import make_settings
+
+    # The control read that would see the cancel is minutes away: the work ends first.
+    with Engine(make_settings(schema, control_interval=300), pool_size=6) as engine:
+        engine.migrate()
+        key, data = new_dataset(items=items(1, 2, 3))
+        ws = engine.create_workspace("acme")
+        conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+        run = engine.sync(conn.id)
+        # Asked for while the last row is read: the run is running, so the cancel is recorded.
+        data.before_row["items"] = lambda index: index == 2 and engine.cancel_run(run.id)
+        assert engine.worker(listen=False).poll()
+        final = engine.run(run.id)
+    assert final.status == "succeeded" and final.cancel_requested_at is not None
+    assert final.cancel_came_late and final.to_json()["cancel_came_late"] is True
+    assert final.error is None

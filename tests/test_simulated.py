@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from connectors import Position, Total
 from connectors.simulated import SimulatedConfig, SimulatedCrm, SimulatedTracker
@@ -292,3 +293,25 @@ def test_python_dash_m_connectors_simulated_starts_the_provider(
     out = capsys.readouterr().out
     assert "simulated provider at http://127.0.0.1:" in out, out
     assert "tenant acme: bearer token" in out, out
+
+
+def test_a_fake_context_validates_a_dict_as_the_engine_does(
+    server: str, simulation: Simulation
+) -> None:
+    # A plain dict is refused where it is given, not deep inside the connector's read.
+    with pytest.raises(TypeError, match=r"FakeContext\.of\(MyConnector, config=\{\.\.\.\}\)"):
+        FakeContext(config={"base_url": server, "tenant": "acme"})  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="base_url"):
+        FakeContext.of(SimulatedTracker, config={"tenant": "acme"}, credentials={"token": "t"})
+    with pytest.raises(ValidationError, match="token"):
+        FakeContext.of(SimulatedTracker, config={"base_url": server, "tenant": "acme"})
+    context = FakeContext.of(
+        SimulatedTracker,
+        config={"base_url": server, "tenant": "acme", "page_size": "50"},
+        credentials={"token": "sim-acme"},
+    )
+    assert context.config == SimulatedConfig(base_url=server, tenant="acme", page_size=50)
+    tracker = SimulatedTracker(context)
+    rows = [i for i in read_table(tracker, "projects") if isinstance(i, dict)]
+    tracker.close()
+    assert rows == tenant(simulation).rows("projects")

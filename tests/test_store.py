@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from connectors import PermanentError
 from sync import Engine
 from sync.jobs.outcome import Action
 from sync.models import Workspace
@@ -198,3 +199,23 @@ def test_tenants_and_what_operators_see_in_typed_rows(engine: Engine) -> None:
     assert [p.kind for p in purges] == ["purge"]
     assert tenants.delete_workspace(ws.id, 3) == purges  # the purges still pending
     assert tenants.rename_workspace(ws.id, "other") is None  # deleted
+
+
+def test_a_connection_s_last_run_is_the_one_that_finished_last(engine: Engine) -> None:
+    key, data = new_dataset(items=items(1))
+    data.failures["items"] = data.failures["notes"] = (0, PermanentError("refused"))
+    ws = engine.create_workspace("acme")
+    conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+    worker = engine.worker(listen=False)
+    first = engine.sync(conn.id)
+    assert worker.poll() and engine.run(first.id).status == "failed"
+    data.failures.clear()
+    second = engine.sync(conn.id)
+    assert worker.poll() and engine.run(second.id).status == "succeeded"
+    # The first run, retried, now ends after the second: it is the last run.
+    data.failures["items"] = data.failures["notes"] = (0, PermanentError("refused again"))
+    engine.retry_run(first.id)
+    assert worker.poll() and engine.run(first.id).status == "failed"
+    (shown,) = engine.connections_overview(ws.id)
+    assert shown.last_run is not None
+    assert (shown.last_run.id, shown.last_run.status) == (first.id, "failed")

@@ -168,7 +168,8 @@ def test_read_only_refuses_an_action(schema: str) -> None:
                 )
                 assert refused.status_code == 403, action
                 assert refused.text.strip() == (
-                    "403: this page is read-only (started with --read-only)"
+                    "403: this page is read-only (started with --read-only); act from the "
+                    "command line"
                 )
     assert connection_status(schema, connection) == "active"
     with Engine(make_settings(schema)) as engine:

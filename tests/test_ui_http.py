@@ -42,6 +42,10 @@ ACTION_ROUTES = {
     "/connections/{connection_id:int}/sync": "/connections/1/sync",
     "/connections/{connection_id:int}/pause": "/connections/1/pause",
     "/connections/{connection_id:int}/resume": "/connections/1/resume",
+    "/connections/new": "/connections/new",
+    "/workspaces": "/workspaces",
+    "/connections/{connection_id:int}/edit": "/connections/1/edit",
+    "/connections/{connection_id:int}/credentials": "/connections/1/credentials",
     "/runs/{run_id:int}/cancel": "/runs/1/cancel",
     "/runs/{run_id:int}/retry": "/runs/1/retry",
     "/queues/{queue}/redrive": "/queues/mail/redrive",
@@ -82,7 +86,9 @@ def state(engine: Engine) -> tuple[str, str, int]:
 
 
 def test_with_a_token_a_request_without_it_gets_401(engine: Engine, queued_run: Any) -> None:
-    with serving(engine, UiOptions(token=TOKEN)) as url, httpx.Client(base_url=url) as client:
+    database = "postgresql://ops@db.internal:5432/billing, schema sync"
+    options = UiOptions(token=TOKEN, database=database)
+    with serving(engine, options) as url, httpx.Client(base_url=url) as client:
         for path in (
             "/connections",
             "/runs",
@@ -108,6 +114,9 @@ def test_with_a_token_a_request_without_it_gets_401(engine: Engine, queued_run: 
         # is not the token.
         page = client.get("/runs?status=queued", headers=HTML)
         assert page.status_code == 401 and 'name="token"' in page.text
+        # Who has not signed in is not told which database is behind the page.
+        assert "db.internal" not in page.text and "billing" not in page.text
+        assert "db.internal" not in client.get("/login", headers=HTML).text
         token = csrf_token(client, "/login")
         bad = client.post("/login", data={"csrf_token": token, "token": "nope", "next": "/runs"})
         assert bad.status_code == 401 and "not the token" in bad.text
@@ -117,7 +126,8 @@ def test_with_a_token_a_request_without_it_gets_401(engine: Engine, queued_run: 
         )
         assert good.status_code == 303 and good.headers["location"] == "/runs?status=queued"
         assert TOKEN not in good.headers.get("set-cookie", "")
-        assert client.get("/runs/1", headers=HTML).status_code == 200
+        signed_in = client.get("/runs/1", headers=HTML)
+        assert signed_in.status_code == 200 and f"database: {database}" in signed_in.text
 
         # Signing out ends it; a redirect target off this server is never followed.
         token = csrf_token(client, "/runs")
@@ -184,9 +194,14 @@ def test_with_the_csrf_token_each_action_does_what_it_says(engine: Engine, queue
             "run 1 has already ended (cancelled); only a queued or running run can be cancelled"
             in again.text
         )
+        # A cancelled run goes back to the queue, as a cancelled job does.
+        retried = post("/runs/1/retry")
+        assert retried.status_code == 303 and retried.headers["location"] == "/runs/1"
+        assert engine.run(1).status == "queued"
         assert post("/runs/1/retry").text.strip() == (
-            "409: run 1 has already ended (cancelled); only a failed run can be retried"
+            "409: run 1 is queued; only a failed or cancelled run can be retried"
         )
+        engine.cancel_run(1)
         assert post("/runs/99/cancel").status_code == 404
 
         synced = post("/connections/1/sync")
@@ -226,6 +241,8 @@ def test_read_only_refuses_every_action_and_offers_none(engine: Engine, queued_r
             assert page.status_code == 200
             assert 'method="post"' not in page.text, path
             assert "read-only" in page.text
+        for path in ("/connections/new", "/connections/1/edit", "/connections/1/credentials"):
+            assert client.get(path, headers=HTML).status_code == 403, path  # no form either
 
 
 # -- bad input and a database in trouble -----------------------------------------------------------
@@ -546,3 +563,30 @@ def test_a_runs_page_says_where_it_is_and_what_it_waits_for(schema: str) -> None
             polling.join(60)
         worker.close()
         assert engine.run(running.id).status == "succeeded"
+
+
+def test_a_cancel_is_shown_as_the_reason_a_run_ended_not_as_an_error(schema: str) -> None:
+    # The control read that would see a cancel is minutes away: a late one finds the work done.
+    with Engine(make_settings(schema, control_interval=300), pool_size=6) as engine:
+        engine.migrate()
+        key, data = new_dataset(items=items(1, 2))
+        ws = engine.create_workspace("acme")
+        conn = engine.create_connection(ws.id, "mem", "memory", config={"dataset": key})
+        cancelled = engine.cancel_run(engine.sync(conn.id).id)
+        late = engine.sync(conn.id)
+        data.before_row["items"] = lambda index: index == 1 and engine.cancel_run(late.id)
+        assert engine.worker(listen=False).poll()
+        assert engine.run(late.id).status == "succeeded"
+        with serving(engine) as url, httpx.Client(base_url=url, headers=HTML) as client:
+            page = client.get(f"/runs/{cancelled.id}").text
+            shown = page[page.index('id="run-error"') :]
+            assert shown.startswith('id="run-error">\n<div class="reason">'), shown[:80]
+            assert "<h2>Why it ended</h2>" in page and "<h2>Error</h2>" not in page
+            listed = client.get("/runs").text
+            row = listed[listed.index(f'id="run-{cancelled.id}"') :]
+            assert '<td class="headline quiet">' in row[: row.index("</tr>")]
+            page = client.get(f"/runs/{late.id}").text
+            said = re.search(r'<p class="note" id="cancel-late">([^<]*)</p>', page)
+            assert said is not None and said.group(1).endswith(
+                "after the work was done: the run ended succeeded."
+            )

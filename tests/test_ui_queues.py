@@ -65,6 +65,13 @@ def test_the_queues_page_shows_each_queues_figures_and_lanes(engine: Engine, dea
 def test_a_redrive_from_the_page_sends_the_dead_letters_back(engine: Engine, dead_job: int) -> None:
     with serving(engine) as url, httpx.Client(base_url=url) as client:
         token = csrf_token(client, "/queues")
+        # The queue the job was sent to holds none of its dead letters: the page says where
+        # they are, with the button that redrives them.
+        nothing = client.post("/queues/mail/redrive", data={"csrf_token": token})
+        said = client.get(nothing.headers["location"], headers=HTML).text
+        assert "Its dead jobs move to its dead-letter queue mail.dead" in said
+        notice = said[said.index('id="redrive-result"') :]
+        assert 'action="/queues/mail.dead/redrive"' in notice[: notice.index("</p>")]
         done = client.post("/queues/mail.dead/redrive", data={"csrf_token": token})
         assert done.status_code == 303
         assert done.headers["location"] == "/queues?queue=mail.dead&redriven=1&skipped=0"

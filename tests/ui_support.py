@@ -91,6 +91,15 @@ class Browser:
         assert self.errors and "status of 404" in self.errors[-1], self.errors
         self.errors.pop()
 
+    @contextlib.contextmanager
+    def sent_back(self, status: int = 400) -> Iterator[None]:
+        """A form sent inside this block comes back with its mistakes (``status``): the
+        browser's report of that status is waited for, and is not a fault of the page."""
+        said = f"status of {status}"
+        with self.page.expect_console_message(lambda m: m.type == "error" and said in m.text):
+            yield
+        self.errors.remove(next(e for e in self.errors if said in e))
+
     def screenshot(self, name: str) -> Path:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         path = ARTIFACTS / f"{name}.png"

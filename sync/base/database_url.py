@@ -89,14 +89,17 @@ def describe(url: str) -> str:
 
 
 def secrets_in(url: str) -> list[str]:
-    """Every part of ``url`` that could be a password, longest first: the URL itself, the
-    parsed password, and the pieces of what stands before the host (a password with an
-    unencoded '@' or ':' splits there), or of a keyword string's password value."""
-    found = {url}
+    """Every part of ``url`` that could be a password, longest first: the parsed password, the
+    pieces of what stands before the host (a password with an unencoded '@' or ':' splits
+    there), or of a keyword string's password value, and the URL itself when it holds one of
+    them or cannot be parsed. A URL without a password holds no secret: it stays readable in
+    the errors that quote it."""
+    found: set[str] = set()
     try:
         params = _params(url)
     except psycopg.ProgrammingError:
         params = {}
+        found.add(url)
     found.add(params.get("password") or "")
     # A password that libpq took for part of the user name or of the host.
     found.add(params.get("user", "").partition(":")[2])
@@ -112,6 +115,9 @@ def secrets_in(url: str) -> list[str]:
     for match in _KEYWORD_PASSWORD.finditer(url):
         value = match.group(1).strip("'")
         found.update((value, *value.split()))
+    found.discard("")
+    if found:
+        found.add(url)
     return sorted((s for s in found if len(s) >= _MIN_FRAGMENT), key=len, reverse=True)
 
 

@@ -25,14 +25,15 @@ def parse_duration(text: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def format_duration(every: timedelta) -> str:
-    """A duration as :func:`parse_duration` reads it, largest units first: ``1d12h``, ``15m``."""
-    seconds = every.total_seconds()
+def format_every(seconds: float | None) -> str:
+    """An interval as :func:`parse_duration` reads it, largest units first: ``15m``,
+    ``1h30m``, ``1d``, ``45s``."""
+    if seconds is None:
+        return "-"
+    rest = round(seconds)
     parts = []
-    for unit in ("d", "h", "m", "s"):
-        size = _UNITS[unit]
-        whole = int(seconds // size)
-        if whole:
-            parts.append(f"{whole}{unit}")
-            seconds -= whole * size
-    return "".join(parts) or f"{every.total_seconds():g}s"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, rest = divmod(rest, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or f"{seconds:g}s"

@@ -49,6 +49,7 @@ from sync.cli.common import (
     WrappedWarnings,
     app,
     brief_error,
+    connection_names,
     connection_ref,
     counts,
     counts_text,
@@ -275,6 +276,8 @@ def print_results(out: Console, run: Run) -> None:
     else:
         ended.append(f" after {tries}: {counts_text(run.results)}")
     out.print(ended)
+    if run.cancel_came_late:
+        out.print(f"a cancel was asked for after the work was done: the run ended {run.status}")
     if run.error and run.status != RunStatus.CANCELLED:
         out.print(Text(error_text(run.error, status=run.status), overflow="fold"))
     elif run.error:
@@ -348,11 +351,12 @@ def runs_list(
             workspace_id=ws,
             limit=limit,
         )
+        names = connection_names(engine)
     if as_json:
         emit_json([r.to_json() for r in found])
         return
     out = stdout()
-    out.print(runs_table(found, out.width) if found else "no runs")
+    out.print(runs_table(found, out.width, names=names) if found else "no runs")
 
 
 def attempts_table(attempts: list[Attempt], width: int) -> Table:
@@ -405,13 +409,14 @@ def runs_show(run_id: int = RunArg(), as_json: bool = JsonOption) -> None:
         run = engine.run(run_id)
         attempts = engine.attempts(run_id)
         alive, able = live_workers(engine, run.provider) if not run.is_terminal else (None, None)
+        names = connection_names(engine)
     if as_json:
         emit_json({**run.to_json(), "attempts": [a.to_json() for a in attempts]})
         return
     out = stdout()
     rows: list[tuple[str, Cell]] = [
         ("run", f"#{run.id} ({run.kind}, trigger {run.trigger})"),
-        ("connection", connection_ref(run)),
+        ("connection", connection_ref(run, names)),
         ("provider", run.provider),
         ("status", styled(run.status)),
         ("attempts", f"{run.attempts} of {run.max_attempts}"),
@@ -434,9 +439,12 @@ def runs_show(run_id: int = RunArg(), as_json: bool = JsonOption) -> None:
         rows.append(("lease expires", when(run.lease_expires_at)))
         rows.append(("worker", run.worker_id or "-"))
     if run.cancel_requested_at:
-        rows.append(("cancel requested", when(run.cancel_requested_at)))
+        late = f", after the work was done: it ended {run.status}" if run.cancel_came_late else ""
+        rows.append(("cancel requested", when(run.cancel_requested_at) + late))
     if run.error:
-        rows.append(("error", error_text(run.error, status=run.status)))
+        # Why a cancelled run ended is no error.
+        label = "why" if run.status == RunStatus.CANCELLED else "error"
+        rows.append((label, error_text(run.error, status=run.status)))
     if not run.is_terminal:  # a finished run's status and error say it all
         now = datetime.now(UTC)
         rows.append(
@@ -466,7 +474,8 @@ def runs_cancel(run_id: int = RunArg(), as_json: bool = JsonOption) -> None:
 @runs_app.command("retry")
 @guarded
 def runs_retry(run_id: int = RunArg(), as_json: bool = JsonOption) -> None:
-    """Put a failed (dead-lettered) run back in the queue with a fresh set of attempts."""
+    """Put a failed (dead-lettered) or cancelled run back in the queue with a fresh set of
+    attempts."""
     with open_engine() as engine:
         run = engine.retry_run(run_id)
     if as_json:

@@ -184,6 +184,19 @@ def warn(message: str) -> None:
     Console(stderr=True, highlight=False).print(Text(f"warning: {message}"))
 
 
+YesOption = typer.Option(False, "--yes", "-y", help="Do not ask first (on a terminal).")
+
+
+def confirm(question: str, *, yes: bool) -> None:
+    """Ask ``question`` first when a person is at a terminal (and ``--yes`` was not given); a
+    script's stdin is no terminal, and is never asked. Anything but yes exits 1, doing nothing."""
+    if yes or not sys.stdin.isatty():
+        return
+    if not typer.confirm(question, default=False, err=True):
+        print("nothing was done", file=sys.stderr, flush=True)
+        raise typer.Exit(1)
+
+
 class WrappedWarnings(logging.Handler):
     """Where the engine's warnings go when nothing has configured logging (every command but
     ``worker`` and ``ui``, which log with timestamps): ``logging.lastResort``. Python's own
@@ -355,18 +368,26 @@ def counts_text(results: dict[str, Any] | None) -> str:
     return f"{c['upserted']} upserted, {c['unchanged']} unchanged, {c['tombstoned']} tombstoned"
 
 
-def connection_ref(run: Run) -> str:
+def connection_ref(run: Run, names: Mapping[int, str] | None = None) -> str:
+    """A run's connection as people read it: ``tracker (3)``, or its id once deleted."""
     if run.connection_id is not None:
-        return str(run.connection_id)
+        name = (names or {}).get(run.connection_id)
+        return f"{name} ({run.connection_id})" if name else str(run.connection_id)
     if run.deleted_connection_id is not None:
         return f"{run.deleted_connection_id} (deleted)"
     return "(deleted)"
 
 
-def runs_table(runs: list[Run], width: int, title: str | None = None) -> Table:
+def connection_names(engine: Engine) -> dict[int, str]:
+    return {c.id: c.name for c in engine.connections()}
+
+
+def runs_table(
+    runs: list[Run], width: int, title: str | None = None, names: Mapping[int, str] | None = None
+) -> Table:
     columns = [
         Col("run", key=True),
-        Col("connection", keep=9),
+        Col("connection", text="ellipsis", keep=9),
         Col("provider", keep=7),
         Col("kind", keep=2),
         Col("status", key=True),
@@ -385,7 +406,7 @@ def runs_table(runs: list[Run], width: int, title: str | None = None) -> Table:
         rows.append(
             [
                 f"#{run.id}",
-                connection_ref(run),
+                connection_ref(run, names),
                 run.provider,
                 run.kind,
                 styled(run.status),
@@ -395,10 +416,16 @@ def runs_table(runs: list[Run], width: int, title: str | None = None) -> Table:
                 format_duration(run_duration(run)),
                 str(c["upserted"]) if synced else "-",
                 str(c["tombstoned"]) if synced else "-",
-                error_text(run.error, status=run.status),
+                reason_or_error(run.error, run.status),
             ]
         )
     return fitted_table(columns, rows, width, title=title)
+
+
+def reason_or_error(error: JobError | None, status: str) -> Cell:
+    """A run's error, or, for a cancelled run, why it ended: dim, since it is no error."""
+    text = error_text(error, status=status)
+    return Text(text, style="dim") if status == RunStatus.CANCELLED else text
 
 
 def worker_state(worker: WorkerInfo, settings: Settings) -> str:

@@ -85,19 +85,6 @@ def format_duration(seconds: float | None) -> str:
     return f"{hours // 24}d{hours % 24:02d}h"
 
 
-def format_every(seconds: float | None) -> str:
-    """A schedule's interval as it would be typed: ``15m``, ``1h30m``, ``1d``, ``45s``."""
-    if seconds is None:
-        return "-"
-    rest = round(seconds)
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        count, rest = divmod(rest, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    return "".join(parts) or f"{seconds:g}s"
-
-
 # -- errors -------------------------------------------------------------------------------------
 
 

@@ -55,9 +55,12 @@ ingestions_app = command_group(
 )
 app.add_typer(ingestions_app, name="ingestions")
 
-PathArg = typer.Argument(..., metavar="PATH", help="A text, Markdown, HTML, PDF or ZIP file.")
+PathsArg = typer.Argument(
+    ..., metavar="PATH...", help="Text, Markdown, HTML, PDF or ZIP files, and folders of them."
+)
 IngestionArg = typer.Argument(..., metavar="INGESTION", min=1, help="An ingestion id.")
 DONE = (IngestionStatus.READY, IngestionStatus.SKIPPED)
+MAX_MEMBERS = 1000  # the members of an archive listed (the most a listing gives)
 
 
 def _workspace(engine: Engine, ref: str | None) -> int:
@@ -72,39 +75,108 @@ def _workspace(engine: Engine, ref: str | None) -> int:
 @app.command("ingest")
 @guarded
 def ingest_command(
-    path: Path = PathArg,
+    paths: list[Path] = PathsArg,
     workspace: str | None = WorkspaceOption,
-    wait: bool = typer.Option(False, "--wait", help="Follow the ingestion live until it ends."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the ingestions live until they end."),
     as_json: bool = JsonOption,
 ) -> None:
-    """Index a local file into WORKSPACE for search: queues an ingestion that a worker runs
-    (it reads PATH on its own machine, so run `connector-sync worker` where the file is)."""
+    """Index local files into WORKSPACE for search: queues an ingestion per file that a worker
+    runs (it reads each file on its own machine, so run `connector-sync worker` where they are).
+    A folder gives its files and its subfolders' (hidden ones, and files of a type that cannot
+    be indexed, are left out)."""
     with open_engine() as engine:
         ws = _workspace(engine, workspace)
-        ingestion = engine.ingest(path, ws)
+        batch = engine.ingest_paths(paths, ws)
+        queued = list(batch.ingestions)
         if wait:
             session.announce()
             try:
-                ingestion = follow_ingestion(engine, ingestion, live=not as_json)
+                if len(queued) == 1:
+                    queued = [follow_ingestion(engine, queued[0], live=not as_json)]
+                else:
+                    queued = follow_ingestions(engine, queued, live=not as_json)
             except KeyboardInterrupt:
                 print(
-                    f"stopped following ingestion #{ingestion.id}; it goes on (`connector-sync "
-                    f"ingestions cancel {ingestion.id}` stops it)",
+                    "stopped following; the ingestions go on (`connector-sync ingestions cancel "
+                    "ID` stops one)",
                     file=sys.stderr,
                 )
                 raise typer.Exit(INTERRUPTED) from None
-            members = engine.ingestions(archive_id=ingestion.id, limit=10_000)
+            members = [
+                m for i in queued for m in engine.ingestions(archive_id=i.id, limit=MAX_MEMBERS)
+            ]
+    one_file = len(paths) == 1 and paths[0].is_file()
     if as_json:
-        emit_json(ingestion.to_json())
+        ingestions = [i.to_json() for i in queued]
+        skipped = [str(p) for p in batch.skipped]
+        emit_json(ingestions[0] if one_file else {"ingestions": ingestions, "skipped": skipped})
     elif not wait:
-        verb = "queued" if ingestion.attempts == 0 else f"already {ingestion.status}"
-        stdout().print(f"ingestion #{ingestion.id} {verb}: {ingestion.file}")
-    if wait and not _succeeded(ingestion, members):
+        out = stdout()
+        for i in queued:
+            verb = "queued" if i.attempts == 0 else f"already {i.status}"
+            out.print(Text(f"ingestion #{i.id} {verb}: {i.source_text}", overflow="fold"))
+    if batch.skipped and not as_json:
+        names = ", ".join(p.name for p in batch.skipped[:5])
+        more = f" and {len(batch.skipped) - 5} more" if len(batch.skipped) > 5 else ""
+        stdout().print(
+            Text(
+                f"left out {len(batch.skipped)} file(s) of a type that cannot be indexed: "
+                f"{names}{more}",
+                overflow="fold",
+            )
+        )
+    if wait and not all(_succeeded(i, members) for i in queued):
         raise typer.Exit(RUN_FAILED)
 
 
+def follow_ingestions(
+    engine: Engine, queued: list[Ingestion], *, live: bool, interval: float = 0.5
+) -> list[Ingestion]:
+    """Poll several ingestions until each has ended (an archive, with its members), with a bar
+    of the files ended; then the table of them. Returns them as they ended."""
+    out = stdout()
+    progress = Progress(
+        TextColumn("[bold]ingestions"),
+        BarColumn(bar_width=20),
+        MofNCompleteColumn(),
+        TextColumn("files ended"),
+        console=out,
+    )
+    task = progress.add_task("ingest", total=len(queued))
+    current = {i.id: i for i in queued}
+    display = (
+        Live(progress, console=out, refresh_per_second=4) if live and out.is_terminal else None
+    )
+    with display or contextlib.nullcontext():
+        while True:
+            for i in list(current.values()):
+                if not _ended(engine, i):
+                    current[i.id] = engine.ingestion(i.id)
+            ended = sum(_ended(engine, i) for i in current.values())
+            progress.update(task, completed=ended)
+            if ended == len(current):
+                break
+            time.sleep(interval)
+    if live:
+        done = list(current.values())
+        out.print(ingestions_table(done, out.width))
+        ready = sum(i.status in DONE for i in done)
+        out.print(f"{ready} of {len(done)} ingestion(s) ready")
+    return list(current.values())
+
+
+def _ended(engine: Engine, ingestion: Ingestion) -> bool:
+    if not ingestion.is_terminal:
+        return False
+    if ingestion.kind is IngestionKind.ARCHIVE and ingestion.status is IngestionStatus.READY:
+        members = engine.ingestions(archive_id=ingestion.id, limit=MAX_MEMBERS)
+        return all(m.is_terminal for m in members)
+    return True
+
+
 def _succeeded(ingestion: Ingestion, members: list[Ingestion]) -> bool:
-    return ingestion.status in DONE and all(m.status in DONE for m in members)
+    mine = [m for m in members if m.archive_id == ingestion.id]
+    return ingestion.status in DONE and all(m.status in DONE for m in mine)
 
 
 def describe_ingestion(
@@ -144,7 +216,10 @@ def describe_ingestion(
     if i.kind is IngestionKind.ARCHIVE and i.status is IngestionStatus.READY:
         return f"ready: expanded into {i.results.get('members', 0)} member file(s)"
     if i.status is IngestionStatus.READY:
-        return f"ready: {i.total_units or 0:,} chunks"
+        chunks = i.total_units if i.total_units is not None else i.processed_units
+        if i.results.get("reused"):
+            return f"ready: unchanged, its {chunks:,} chunks were indexed already"
+        return f"ready: {chunks:,} chunks"
     return i.status.value + (f": {error}" if error else "")
 
 
@@ -175,7 +250,7 @@ def follow_ingestion(
                 ingestion.kind is IngestionKind.ARCHIVE
                 and ingestion.status is IngestionStatus.READY
             ):
-                members = engine.ingestions(archive_id=ingestion.id, limit=10_000)
+                members = engine.ingestions(archive_id=ingestion.id, limit=MAX_MEMBERS)
             if time.monotonic() - checked_workers_at > 5:
                 checked_workers_at = time.monotonic()
                 alive = sum(worker_state(w, engine.settings) == "alive" for w in engine.workers())
@@ -224,9 +299,10 @@ def search_command(
     limit: int = typer.Option(10, "--limit", metavar="N", min=1, max=1000),
     as_json: bool = JsonOption,
 ) -> None:
-    """The chunks of WORKSPACE's documents that best match QUERY: full-text rank and vector
-    similarity combined, best first, each with its file and page. Documents embedded by another
-    model than the configured one are matched by their words only; a line on stderr says so."""
+    """The chunks of WORKSPACE's documents that best match QUERY, best first, each with its
+    file, page and score (0 to 1: the query's words it holds, weighed by their rarity, and its
+    vector's similarity). Documents embedded by another model than the configured one are
+    matched by their words only; a line on stderr says so."""
     with open_engine() as engine:
         hits = engine.search(query, _workspace(engine, workspace), limit=limit)
     if hits.notice:
@@ -343,6 +419,8 @@ def ingestions_show(ingestion_id: int = IngestionArg, as_json: bool = JsonOption
     if i.kind is IngestionKind.DOCUMENT:
         total = "?" if i.total_units is None else f"{i.total_units:,}"
         rows.append(("chunks", f"{i.processed_units:,} of {total} embedded and stored"))
+        if i.results.get("reused"):
+            rows.append(("unchanged", "indexed already: nothing was embedded again"))
         if i.indexed_with:
             rows.append(("embedded by", i.indexed_with))
         if "pages" in i.results:

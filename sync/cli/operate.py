@@ -90,7 +90,8 @@ AppOption = typer.Option(
     "--app",
     metavar="MODULE:FUNCTION",
     help="An application's setup(queues): declares its queues, registers its handlers. "
-    "Repeatable; those installed under the entry points connector_sync.handlers load too.",
+    "MODULE (looked for in the current directory too) or path/to/file.py. Repeatable; those "
+    "installed under the entry points connector_sync.handlers load too.",
 )
 
 

@@ -437,11 +437,19 @@ def jobs_redrive(queue: str = QueueArg, as_json: bool = JsonOption) -> None:
     it was sent to."""
     with open_engine() as engine:
         done = engine.queues.redrive(queue)
+        letters = engine.queues.get_queue(queue).dead_letter
+        dead = {s.name: s.dead for s in engine.queues.queue_stats()}.get(letters or "", 0)
     if as_json:
         emit_json({"redriven": list(done.redriven), "skipped": list(done.skipped)})
         return
     out = stdout()
     out.print(f"redrove {len(done.redriven)} job(s) from {queue}")
+    if not done.redriven and not done.skipped and letters:
+        # Its dead jobs are not here: they moved to its dead-letter queue.
+        out.print(
+            f"{queue}'s dead jobs move to its dead-letter queue {letters}, which holds {dead}: "
+            f"`connector-sync jobs redrive {letters}` sends them back to {queue}"
+        )
     if done.skipped:
         out.print(
             f"left {len(done.skipped)} dead: their key is pending again or their queue is gone "

@@ -12,11 +12,13 @@ from rich.table import Table
 from rich.text import Text
 
 from sync.api import Engine
-from sync.base.durations import parse_duration
+from sync.base.durations import format_every, parse_duration
 from sync.cli.common import (
     ConnectionArg,
     JsonOption,
     WorkspaceOption,
+    YesOption,
+    confirm,
     connections_app,
     emit_json,
     fail,
@@ -34,7 +36,6 @@ from sync.cli.console import (
     Col,
     details,
     fitted_table,
-    format_every,
     styled,
     when,
 )
@@ -112,14 +113,21 @@ def workspaces_rename(
 @guarded
 def workspaces_delete(
     workspace: str = typer.Argument(..., metavar="WORKSPACE", help="Workspace id or name."),
+    yes: bool = YesOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Delete a workspace and every connection in it; its run history is kept.
 
     A purge run removes each connection's records (behind a sync still running); the name is
-    free again at once."""
+    free again at once. On a terminal it asks first (--yes does not)."""
     with open_engine() as engine:
         ws = engine.workspace(workspace)
+        count = len(engine.connections(ws.id))
+        confirm(
+            f"Delete workspace {ws.id} {ws.name!r} and purge its {count} connection(s) and every "
+            "record they synced?",
+            yes=yes,
+        )
         purges = engine.delete_workspace(ws.id)
     if as_json:
         emit_json({"workspace": ws.to_json(), "purges": [p.to_json() for p in purges]})
@@ -205,6 +213,7 @@ def connections_list(
     with open_engine() as engine:
         ws = workspace_id(engine, workspace) if workspace else None
         found = engine.connections(ws)
+        workspaces = {w.id: w.name for w in engine.workspaces()}
     if as_json:
         emit_json([c.to_json() for c in found])
         return
@@ -216,7 +225,7 @@ def connections_list(
         Col("id", key=True, justify="right"),
         # Leaving first when there is no room: the next run (`connections show` has it), then
         # the workspace; whether there are credentials stays longer.
-        Col("workspace", keep=2, justify="right"),
+        Col("workspace", text="ellipsis", keep=2),
         Col("name", text="fold"),
         Col("provider", keep=6),
         Col("status", key=True),
@@ -227,7 +236,7 @@ def connections_list(
     rows: list[list[Cell]] = [
         [
             str(c.id),
-            str(c.workspace_id),
+            workspaces.get(c.workspace_id, str(c.workspace_id)),
             c.name,
             c.provider,
             styled(c.status),
@@ -240,7 +249,7 @@ def connections_list(
     out.print(fitted_table(columns, rows, out.width))
 
 
-def _connection_details(c: Connection) -> Table:
+def _connection_details(c: Connection, workspace: str) -> Table:
     status: Cell = styled(c.status)
     if c.status == ConnectionStatus.DISCONNECTED:
         status = Text.assemble(
@@ -250,7 +259,7 @@ def _connection_details(c: Connection) -> Table:
         )
     rows: list[tuple[str, Cell]] = [
         ("connection", f"{c.id} {c.name!r}"),
-        ("workspace", str(c.workspace_id)),
+        ("workspace", f"{c.workspace_id} {workspace!r}"),
         ("provider", c.provider),
         ("status", status),
         ("config", json.dumps(c.config)),
@@ -271,13 +280,14 @@ def connections_show(connection_id: int = ConnectionArg(), as_json: bool = JsonO
     with open_engine() as engine:
         c = engine.connection(connection_id)
         recent = engine.runs(connection_id=connection_id, limit=10)
+        workspace = engine.workspace(c.workspace_id).name
     if as_json:
         emit_json({**c.to_json(), "recent_runs": [r.to_json() for r in recent]})
         return
     out = stdout()
-    out.print(_connection_details(c))
+    out.print(_connection_details(c, workspace))
     if recent:
-        out.print(runs_table(recent, out.width, title="recent runs"))
+        out.print(runs_table(recent, out.width, title="recent runs", names={c.id: c.name}))
 
 
 @connections_app.command("update")
@@ -350,10 +360,19 @@ def connections_update(
     stdout().print(line + _schedule_text(updated.schedule_every if every else None))
 
 
-def _set_status(action: Callable[[Engine], Connection], verb: str) -> None:
+def _set_status(action: Callable[[Engine], Connection], verb: str) -> Connection:
     with open_engine() as engine:
         c = action(engine)
     stdout().print(f"connection {c.id} {verb} (status {c.status})")
+    return c
+
+
+def resumed_note(c: Connection) -> str:
+    """What resuming a connection sets off: a scheduled one is due at once."""
+    if c.schedule_every is None:
+        return f"it has no schedule: it syncs when asked (`connector-sync sync {c.id}`)"
+    every = format_every(c.schedule_every.total_seconds())
+    return f"its schedule makes it due now: a worker starts a sync, then one every {every}"
 
 
 @connections_app.command("pause")
@@ -373,7 +392,8 @@ def connections_resume(
         help="Resume a disconnected connection with the credentials the provider refused.",
     ),
 ) -> None:
-    """Resume a paused connection (its schedule restarts from now).
+    """Resume a paused connection: a scheduled one is due at once (a sync starts), then its
+    schedule goes on from now.
 
     A disconnected one needs new credentials (`connections update CONNECTION --credentials
     @FILE`), or --force to try the refused ones again."""
@@ -382,17 +402,25 @@ def connections_resume(
             "--force resumes the connection with the credentials the provider refused; unless "
             "they work again, its next sync disconnects it again"
         )
-    _set_status(lambda engine: engine.resume(connection_id, force=force), "resumed")
+    c = _set_status(lambda engine: engine.resume(connection_id, force=force), "resumed")
+    stdout().print(resumed_note(c))
 
 
 @connections_app.command("delete")
 @guarded
-def connections_delete(connection_id: int = ConnectionArg(), as_json: bool = JsonOption) -> None:
+def connections_delete(
+    connection_id: int = ConnectionArg(), yes: bool = YesOption, as_json: bool = JsonOption
+) -> None:
     """Delete a connection and its records; its run history is kept.
 
     Its queued sync is cancelled and a purge run deletes its records (behind a sync that is
-    still running)."""
+    still running). On a terminal it asks first (--yes does not)."""
     with open_engine() as engine:
+        c = engine.connection(connection_id)
+        confirm(
+            f"Delete connection {c.id} {c.name!r} ({c.provider}) and purge every record it synced?",
+            yes=yes,
+        )
         purge = engine.delete_connection(connection_id)
     if as_json:
         emit_json(purge.to_json())

@@ -18,7 +18,7 @@ from sync.documents.errors import (
     MalformedDocument,
     UnsupportedDocument,
 )
-from sync.documents.extract import Extraction, MediaType, Segment, media_type_of
+from sync.documents.extract import Extraction, MediaType, Segment, indexable, media_type_of
 from sync.documents.limits import DocumentLimits
 from sync.documents.openai_embeddings import OpenAIEmbeddings
 from sync.documents.spool import SpooledFile, spool
@@ -56,6 +56,7 @@ __all__ = [
     "count_chunks",
     "delete_chunks_from",
     "expand_zip",
+    "indexable",
     "media_type_of",
     "search",
     "spool",

@@ -59,6 +59,12 @@ _SUFFIXES = {
 }
 
 
+def indexable(name: str) -> bool:
+    """Whether a file's name says it can be indexed: a type extraction reads, or an archive."""
+    suffix = Path(name).suffix.lower()
+    return suffix in _SUFFIXES or suffix == ".zip"
+
+
 def media_type_of(name: str, declared: str | None = None, head: bytes = b"") -> MediaType:
     """The media type to extract ``name`` as: the declared one (a provider's Content-Type) if
     we read it, else by the file name's suffix, else by its first bytes."""

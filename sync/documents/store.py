@@ -24,8 +24,14 @@ from sync.store.queries import NamedQueries
 
 # A query's first words; a longer query is cut here (it only adds terms to an OR).
 MAX_QUERY_WORDS = 64
-# Reciprocal rank fusion's constant: larger flattens the difference between ranks.
-RRF_K = 60
+# BM25's term-frequency saturation: a chunk holding a term twice scores 1.4 times one holding it
+# once, five times 1.8 times, never more than 2.2 times. No length normalization: the chunker
+# makes chunks of about the same length.
+BM25_K1 = 1.2
+# The share of a hit's score its words give; the rest is its vector's similarity. Measured on
+# the labelled questions of bench/search_quality.py with the hashing embedder
+# (docs/documents.md): the words carry more than the lexical vector does.
+TEXT_WEIGHT = 0.7
 
 
 DOCUMENT_QUERIES = NamedQueries("documents.sql")
@@ -111,9 +117,12 @@ class SearchHit:
     chunk_index: int
     page: int
     text: str
-    score: float  # reciprocal-rank fusion of the two lists below
+    # How well it matches, from 0 to 1: TEXT_WEIGHT x text_score + the rest x similarity.
+    score: float
     similarity: float | None  # cosine similarity, when among the vector candidates
-    text_rank: float | None  # ts_rank_cd, when among the full-text candidates
+    # The query's terms it holds, weighed by their rarity (BM25), over all of them: from 0 to 1,
+    # when among the full-text candidates.
+    text_score: float | None
     # Where the document comes from, when an ingestion made it: a synced file of a connection's
     # table, or a local file; a member of an archive has its path in it.
     scope: str | None = None
@@ -134,29 +143,30 @@ def search(
     candidates: int = 50,
     min_similarity: float = 0.0,
 ) -> list[SearchHit]:
-    """The ``limit`` best chunks of ``workspace_id`` for ``query``, best first: full-text rank
-    (any word of the query) and vector similarity (chunks embedded by ``embedder``'s model
-    only, above ``min_similarity``), combined by reciprocal rank fusion. With pgvector every
-    chunk of the workspace is a vector candidate; with the real[] fallback, only the full-text
-    candidates are (see docs/documents.md)."""
+    """The ``limit`` best chunks of ``workspace_id`` for ``query``, best first: its English
+    terms weighed by their rarity (BM25) and vector similarity (chunks embedded by
+    ``embedder``'s model only, above ``min_similarity``), each hit scored from 0 to 1. With
+    pgvector every chunk of the workspace is a vector candidate; with the real[] fallback, only
+    the full-text candidates are (see docs/documents.md)."""
     if limit < 1:
         raise ValueError("limit must be at least 1")
-    terms = query.split()[:MAX_QUERY_WORDS]
-    if not words(" ".join(terms)):
+    text = " ".join(query.split()[:MAX_QUERY_WORDS])
+    if not words(text):
         return []
-    vector = embedder.embed([" ".join(terms)])[0]
+    vector = embedder.embed([text])[0]
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
             DOCUMENT_QUERIES.search_chunks,
             {
                 "workspace_id": workspace_id,
                 "scan_all": vector_storage(conn) is VectorStorage.PGVECTOR,
-                "words": terms,
+                "query": text,
                 "vector": vector,
                 "model": embedder.model,
                 "candidates": max(candidates, limit),
                 "min_similarity": min_similarity,
-                "rrf_k": RRF_K,
+                "k1": BM25_K1,
+                "text_weight": TEXT_WEIGHT,
                 "limit": limit,
             },
         ).fetchall()

@@ -5,6 +5,7 @@ engine scoped to a workspace sees and changes only that workspace's ingestions."
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 
 from connectors.errors import ConnectorError
@@ -16,7 +17,9 @@ from sync.documents.embedders import close_embedder, embedder_from
 from sync.errors import Conflict, EndpointFailed, InvalidInput, NotFound
 from sync.ingestions import store
 from sync.ingestions.job import indexed_with, model_of
+from sync.ingestions.local_files import local_files
 from sync.ingestions.models import (
+    IngestedPaths,
     Ingestion,
     IngestionStatus,
     OtherModel,
@@ -65,6 +68,16 @@ class IngestionsApi:
         if row is None:
             raise NotFound(f"no workspace {workspace_id} (or it was deleted)")
         return Ingestion.from_row(row)
+
+    def ingest_paths(self, paths: Sequence[str | Path], workspace_id: int) -> IngestedPaths:
+        """Queue the ingestion of each file of ``paths`` into a workspace, as :meth:`ingest`
+        does: a file as given, and the files of a folder (of its subfolders too), leaving out
+        hidden ones and, in folders, those of a type that cannot be indexed (``skipped``). A
+        path that is neither a file nor a folder is refused before anything is queued."""
+        self._check_workspace(workspace_id)
+        found = local_files(paths)
+        queued = tuple(self.ingest(path, workspace_id) for path in found.files)
+        return IngestedPaths(queued, found.skipped)
 
     def ingestion(self, ingestion_id: int) -> Ingestion:
         with self.pool.connection() as conn:

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Self, overload
 from uuid import UUID
 
@@ -118,6 +119,15 @@ class Ingestion:
                 value = value.value
             out[f.name] = value
         return out
+
+
+@dataclass(frozen=True)
+class IngestedPaths:
+    """What an ingest of paths queued: an ingestion per file (one already pending for a file is
+    returned as it is), and the files of its folders left out for their type."""
+
+    ingestions: tuple[Ingestion, ...]
+    skipped: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,13 @@ queues and registers its handlers, found under the entry-point group
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
+from pathlib import Path
+from types import ModuleType
 
 from sync.errors import InvalidInput
 from sync.queues.port import Queues
@@ -17,18 +22,58 @@ Setup = Callable[[Queues], object]
 
 
 def load_setup(reference: str) -> Setup:
-    """``module:function`` as the function, or :class:`InvalidInput` in one line."""
-    module_name, sep, attr = reference.partition(":")
-    if not sep or not module_name or not attr:
-        raise InvalidInput(f"--app {reference!r} is not MODULE:FUNCTION, such as myapp.jobs:setup")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise InvalidInput(f"--app {reference!r}: cannot import {module_name} ({exc})") from None
+    """The function an ``--app`` names, or :class:`InvalidInput` in one line: ``module:function``
+    (found on ``sys.path``, which includes the current directory, as uvicorn and celery look),
+    or ``path/to/file.py:function`` (its directory joins ``sys.path``, for its own imports)."""
+    target, sep, attr = reference.rpartition(":")
+    if not sep or not target or not attr:
+        raise InvalidInput(
+            f"--app {reference!r} is not MODULE:FUNCTION or FILE.py:FUNCTION, such as "
+            "myapp.jobs:setup or myapp/jobs.py:setup"
+        )
+    if target.endswith(".py") or os.sep in target or "/" in target:
+        module = _module_from_file(reference, Path(target))
+    else:
+        if "" not in sys.path:  # "": the current directory, as `python -m` puts it there
+            _on_path(Path.cwd())
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise InvalidInput(
+                f"--app {reference!r}: cannot import {target} ({exc}); run the worker from the "
+                "directory that holds it, add that directory to PYTHONPATH, or name its file "
+                "(path/to/jobs.py:setup)"
+            ) from None
     setup = getattr(module, attr, None)
     if not callable(setup):
-        raise InvalidInput(f"--app {reference!r}: {module_name} has no function {attr}")
+        raise InvalidInput(f"--app {reference!r}: {target} has no function {attr}")
     return setup
+
+
+def _module_from_file(reference: str, path: Path) -> ModuleType:
+    """The module of a file, imported under its own name (so its pickles, dataclasses and
+    logging name it), with its directory on ``sys.path``."""
+    path = path.expanduser().resolve()
+    if not path.is_file():
+        raise InvalidInput(f"--app {reference!r}: there is no file {path}")
+    _on_path(path.parent)
+    name = path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise InvalidInput(f"--app {reference!r}: {path} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as exc:
+        del sys.modules[name]
+        raise InvalidInput(f"--app {reference!r}: {path} cannot be imported ({exc})") from None
+    return module
+
+
+def _on_path(directory: Path) -> None:
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
 
 
 def install_handlers(queues: Queues, apps: Iterable[str] = ()) -> list[str]:

@@ -26,17 +26,28 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sync.api import Engine
 from sync.base import redact
-from sync.errors import Conflict, DatabaseUnavailable, InvalidInput, NotFound, SyncError
-from sync.ui import connections, ingestions, jobs, login, metrics, queues, runs, workers
+from sync.errors import SyncError
+from sync.ui import (
+    connection_forms,
+    connections,
+    ingestions,
+    jobs,
+    login,
+    metrics,
+    queues,
+    runs,
+    workers,
+)
 from sync.ui.access import AccessMiddleware, AccessRule
 from sync.ui.csrf import CsrfMiddleware
-from sync.ui.render import render
+from sync.ui.render import error_page, status_of
 
 log = logging.getLogger("sync.ui")
 
 STATIC = Path(__file__).parent / "static"
 PAGES: tuple[ModuleType, ...] = (
     connections,
+    connection_forms,
     runs,
     queues,
     jobs,
@@ -120,31 +131,21 @@ def create_app(engine: Engine, options: UiOptions | None = None) -> Starlette:
     return app
 
 
-_STATUS = {NotFound: 404, Conflict: 409, InvalidInput: 400, DatabaseUnavailable: 503}
-
-
 async def _sync_error(request: Request, exc: Exception) -> Response:
-    status = next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 400)
-    return _error_page(request, status, str(exc))
+    return error_page(request, status_of(exc), str(exc))
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    return _error_page(request, exc.status_code, exc.detail)
+    return error_page(request, exc.status_code, exc.detail)
 
 
 async def _database_down(request: Request, exc: Exception) -> Response:
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     log.warning("a page could not reach the database: %s", first)
-    return _error_page(
+    return error_page(
         request,
         503,
         f"the database did not answer ({first}); check that Postgres is running and "
         "reachable, then reload",
     )
-
-
-def _error_page(request: Request, status: int, message: str) -> Response:
-    if "text/html" not in request.headers.get("accept", ""):
-        return Response(f"{status}: {message}\n", status_code=status, media_type="text/plain")
-    return render(request, "error.html", {"status": status, "message": message}, status=status)

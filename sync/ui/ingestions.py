@@ -12,8 +12,8 @@ from starlette.routing import BaseRoute, Route
 
 from sync.api import Engine
 from sync.ingestions.models import IngestionStatus
-from sync.ui.actions import action
-from sync.ui.render import choice_param, engine_of, int_param, render
+from sync.ui.actions import action, back_to
+from sync.ui.render import choice_param, engine_of, int_param, render, workspace_name
 
 NAV = ("Ingestions", "/ingestions")
 STATUSES = tuple(s.value for s in IngestionStatus)
@@ -46,7 +46,11 @@ def list_live(request: Request) -> Response:
 
 def _one_context(request: Request) -> dict[str, object]:
     engine = engine_of(request)
-    return {"ingestion": engine.ingestion(request.path_params["ingestion_id"])}
+    ingestion = engine.ingestion(request.path_params["ingestion_id"])
+    return {
+        "ingestion": ingestion,
+        "workspace_name": workspace_name(engine, ingestion.workspace_id),
+    }
 
 
 def one_page(request: Request) -> Response:
@@ -61,10 +65,14 @@ def _cancel(engine: Engine, params: dict[str, Any]) -> str:
     return f"/ingestions/{engine.cancel_ingestion(params['ingestion_id']).id}"
 
 
+BACK = back_to(
+    "ingestion #{ingestion_id}", "/ingestions/{ingestion_id}", ("the ingestions", "/ingestions")
+)
+
 routes: list[BaseRoute] = [
     Route("/ingestions", list_page),
     Route("/ingestions/live", list_live),
     Route("/ingestions/{ingestion_id:int}", one_page),
     Route("/ingestions/{ingestion_id:int}/live", one_live),
-    action("/ingestions/{ingestion_id:int}/cancel", _cancel),
+    action("/ingestions/{ingestion_id:int}/cancel", _cancel, BACK),
 ]

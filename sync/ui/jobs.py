@@ -14,7 +14,7 @@ from starlette.routing import BaseRoute, Route
 from sync.api import Engine
 from sync.base import redact
 from sync.queues import JobStatus
-from sync.ui.actions import action
+from sync.ui.actions import action, back_to
 from sync.ui.render import choice_param, engine_of, render
 
 NAV = ("Jobs", "/jobs")
@@ -88,11 +88,13 @@ def _retry(engine: Engine, params: dict[str, Any]) -> str:
     return f"/jobs/{engine.queues.retry_job(params['job_id']).id}"
 
 
+BACK = back_to("job #{job_id}", "/jobs/{job_id}", ("the jobs", "/jobs"))
+
 routes: list[BaseRoute] = [
     Route("/jobs", list_page),
     Route("/jobs/live", list_live),
     Route("/jobs/{job_id:int}", job_page),
     Route("/jobs/{job_id:int}/live", job_live),
-    action("/jobs/{job_id:int}/cancel", _cancel),
-    action("/jobs/{job_id:int}/retry", _retry),
+    action("/jobs/{job_id:int}/cancel", _cancel, BACK),
+    action("/jobs/{job_id:int}/retry", _retry, BACK),
 ]

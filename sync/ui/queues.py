@@ -13,7 +13,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from sync.api import Engine
-from sync.ui.actions import action
+from sync.ui.actions import action, back_to
 from sync.ui.render import engine_of, int_param, render
 
 NAV = ("Queues", "/queues")
@@ -51,8 +51,10 @@ def _redrive(engine: Engine, params: dict[str, Any]) -> str:
     return f"/queues?{query}"
 
 
+BACK = back_to("the queues", "/queues", ("the queues", "/queues"))
+
 routes: list[BaseRoute] = [
     Route("/queues", page),
     Route("/queues/live", live),
-    action("/queues/{queue}/redrive", _redrive),
+    action("/queues/{queue}/redrive", _redrive, BACK),
 ]

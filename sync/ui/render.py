@@ -13,6 +13,7 @@ from starlette.responses import Response
 from starlette.templating import Jinja2Templates
 
 from sync.api import Engine
+from sync.errors import Conflict, DatabaseUnavailable, InvalidInput, NotFound
 from sync.overview import describe_progress
 from sync.ui import display
 
@@ -51,6 +52,14 @@ def engine_of(request: Request) -> Engine:
     return engine
 
 
+def workspace_name(engine: Engine, workspace_id: int) -> str:
+    """A workspace's name, for a page that would otherwise show its id."""
+    try:
+        return engine.workspace(workspace_id).name
+    except NotFound:
+        return f"#{workspace_id}"
+
+
 def int_param(request: Request, name: str) -> int | None:
     """A query parameter that must be a number, or None when it is absent or empty."""
     value = request.query_params.get(name, "").strip()
@@ -67,3 +76,22 @@ def choice_param(request: Request, name: str, allowed: tuple[str, ...]) -> str |
     if value is not None and value not in allowed:
         raise HTTPException(400, f"{name} must be one of {', '.join(allowed)}")
     return value
+
+
+_STATUS = {NotFound: 404, Conflict: 409, InvalidInput: 400, DatabaseUnavailable: 503}
+
+
+def status_of(exc: Exception) -> int:
+    """The HTTP status of an engine's refusal."""
+    return next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 400)
+
+
+def error_page(
+    request: Request, status: int, message: str, links: list[tuple[str, str]] | None = None
+) -> Response:
+    """A refusal: a page with the message and where to go to do what it says (``links``), or
+    one line of text for a client that asked for no page."""
+    if "text/html" not in request.headers.get("accept", ""):
+        return Response(f"{status}: {message}\n", status_code=status, media_type="text/plain")
+    context = {"status": status, "message": message, "links": links or []}
+    return render(request, "error.html", context, status=status)
