@@ -49,9 +49,8 @@ HANDLERS_GROUP = "connector_sync.handlers"
 # the database anyway (the pool's own timeout), so no operator gains by tuning it.
 RETRY_AFTER = 0.5
 # Seconds a completion waits for others to share its statement and its commit (as
-# graphile-worker's completeJobBatchDelay). Short jobs return many times within it: one lane
-# drained 8-17 % more jobs a second with it, 32 lanes about 20 % ("Application jobs" in
-# docs/performance.md). A job's lease runs for seconds, so the wait changes nothing else.
+# graphile-worker's completeJobBatchDelay): short jobs return many times within it, and a job's
+# lease runs for seconds, so the wait changes nothing else.
 COMPLETION_DELAY = 0.002
 
 Setup = Callable[[Queues], object]
