@@ -334,13 +334,6 @@ def main() -> None:
                 with connect(url) as conn:
                     exec_all(conn, NOT_DUE, count=10_000)
                 measure(f"{size:,} finished + 10,000 queued, not due", have)
-                # On this scratch database, restored at once: what ROWS 1 spares the claim. At
-                # the default ROWS 1000 the outer join to connections is planned for 1,000 rows.
-                with connect(url) as conn:
-                    conn.execute("ALTER FUNCTION claim_run_v2(text, interval, text[]) ROWS 1000")
-                measure("  the same, claim_run() at ROWS 1000", have)
-                with connect(url) as conn:
-                    conn.execute("ALTER FUNCTION claim_run_v2(text, interval, text[]) ROWS 1")
                 with connect(url) as conn:
                     exec_all(conn, NOT_DUE_UNDO)
                 for count in blocked_sizes:
