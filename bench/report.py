@@ -268,6 +268,29 @@ def fleet() -> str:
     return markdown(["workers", *(str(n) for n in counts)], rows)
 
 
+def retention() -> str:
+    doc = result("retention")["results"]
+    prune = doc["prune"]
+    runs, attempts = prune["deleted"]["runs"], prune["deleted"]["attempts"]
+    during = (
+        f"during the prune ({runs:,} runs and {attempts:,} attempts deleted in "
+        f"{prune['seconds']:.0f} s, {prune['statements']:,} statements)"
+    )
+    return markdown(
+        ["claims", "claims/s", "p50 ms", "p95 ms", "max ms"],
+        (
+            [
+                during if c["phase"] == "during the prune" else c["phase"],
+                num(c["claims_per_s"]),
+                num(c["p50_ms"], 2),
+                num(c["p95_ms"], 2),
+                num(c["max_ms"], 1),
+            ]
+            for c in doc["claims"]
+        ),
+    )
+
+
 def pooler() -> str:
     rows = result("pooler")["results"]
     direct = {r["workers"]: r["drain_runs_per_s"] for r in rows if r["setup"] == "direct"}
@@ -340,6 +363,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "scale": scale,
     "unserved": unserved,
     "fleet": fleet,
+    "retention": retention,
     "pooler": pooler,
     "metrics": metrics,
     "document_search": document_search,
