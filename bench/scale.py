@@ -240,7 +240,7 @@ def describe_plans(plans: list[dict[str, Any]]) -> tuple[list[str], int]:
             # The outer statement, logged after the statements it ran: its buffers include
             # everything the function did.
             total_buffers = buffers
-            lines.append("outer statement (claim_run() joined to its connection):")
+            lines.append("outer statement (the claim and its connection's extras):")
             lines.extend(render(plan, 1))
             continue
         if "SKIP LOCKED" in text:
