@@ -19,9 +19,8 @@ Each sample: wait a random 50-250 ms with the worker idle (its previous job done
 wall clock, enqueue, read it again when the enqueue returned, then the worker's start mark
 (same machine, same clock). Latency is measured from the first mark: Postgres delivers a
 notification as the enqueue's transaction commits, before the commit's reply is back at the
-client, so a mark taken after the enqueue returned can come after the worker already woke (bare
-LISTEN/NOTIFY measured a negative p50 that way). The table shows that old measure beside the
-new one, and the enqueue's own duration.
+client, so a mark taken after the enqueue returned can come after the worker already woke. The
+table shows that measure too, beside the enqueue's own duration.
 """
 
 from __future__ import annotations

@@ -89,10 +89,10 @@ class Wal:
     """WAL written while a phase runs: cluster-wide (``pg_current_wal_flush_lsn()`` before and
     after) and attributed to this database with ``pg_walinspect``, read once the phase has
     ended. A temporary replication slot, created as the phase starts, keeps its segments from
-    being recycled (a phase may write more than ``max_wal_size``). Reading them while the phase
-    ran took a core from the contenders: decoding a few seconds of WAL took 0.3-2.9 s of the
-    server's CPU. Each phase starts right after a CHECKPOINT, so each pays the full-page images of
-    the pages it touches first: the worst case, and the same for every phase."""
+    being recycled (a phase may write more than ``max_wal_size``), and the decoding never
+    competes with the contenders for CPU. Each phase starts right after a CHECKPOINT, so each
+    pays the full-page images of the pages it touches first: the worst case, and the same for
+    every phase."""
 
     def __init__(self, url: str) -> None:
         self.url = url

@@ -82,12 +82,16 @@ NOT_DUE_UNDO = [
 # connection was deleted), which the one-active-run index allows any number of times.
 CHURN = [
     "ALTER TABLE connection_runs SET (autovacuum_enabled = off)",
+    # Without the lane triggers: no run of these lanes is running, so none would be parked,
+    # and each row's probe of its lane would be planned on statistics from before the insert.
+    "SET session_replication_role = replica",
     "INSERT INTO connection_runs (connection_id, workspace_id, provider, status, queued_at) "
     "SELECT NULL, 1 + g %% 20, 'bench_noop', 'queued', "
     "       now() - interval '2 days' + g * interval '1 ms' "
     "  FROM generate_series(1, %(count)s) g",
     "UPDATE connection_runs SET status = 'succeeded', finished_at = now() "
     "WHERE connection_id IS NULL AND status = 'queued'",
+    "RESET session_replication_role",
 ]
 
 

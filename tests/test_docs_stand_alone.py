@@ -22,7 +22,7 @@ SUFFIXES = {".md", ".py", ".sql", ".toml", ".html", ".css", ".sh", ".txt", ".cfg
 
 OUTSIDE = re.compile(
     # A specification by name or section (a constant named SPEC in a test is no citation, and
-    # "§5" alone is a section of the same document: docs/performance.md numbers its history).
+    # "§5" alone may be a section of the same document).
     r"\bSPEC(?:\.md|'s|\s*§|\s+section)|\.\./shared\b|\bSTYLE\.md\b"
     # A tracker's ticket.
     r"|(?i:\b(?:of|in|per|from|by|see) (?:issue|ticket) #?\d+\b|\bin the (?:issue|ticket)\b)"
