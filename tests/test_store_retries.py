@@ -1,0 +1,63 @@
+"""Every store repeats a statement the server refused for a passing reason (a deadlock: it rolled
+the statement back) through the one RetryPolicy: an ingestion's batch (its fence, checkpoint
+and chunks, one transaction). The refusal is Postgres's own, raised once by a trigger on the
+real tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from sync import Engine
+from tests.ingestion_support import chunk_count, worker_with, write_text
+
+
+def deadlock_once(admin: psycopg.Connection[Any], table: str, event: str) -> None:
+    """The next statement that does ``event`` (INSERT, UPDATE, DELETE) to ``table`` fails with a
+    deadlock; later ones run. A sequence counts the statements: nextval is never rolled back."""
+    admin.execute("CREATE SEQUENCE deadlocks")
+    admin.execute(
+        """
+        CREATE FUNCTION deadlock_once() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF nextval('deadlocks') = 1 THEN
+                RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01';
+            END IF;
+            RETURN NULL;
+        END $$
+        """
+    )
+    admin.execute(
+        f"CREATE TRIGGER deadlock_once BEFORE {event} ON {table} "
+        "FOR EACH STATEMENT EXECUTE FUNCTION deadlock_once()"
+    )
+
+
+def tries(admin: psycopg.Connection[Any]) -> int:
+    """How many statements met the trigger."""
+    row = admin.execute("SELECT last_value FROM deadlocks").fetchone()
+    assert row is not None
+    return int(row["last_value"])
+
+
+def test_an_ingestion_batch_is_repeated_whole_after_a_deadlock_in_the_same_attempt(
+    engine: Engine, admin: Any, tmp_path: Path
+) -> None:
+    ws = engine.create_workspace("docs")
+    path = write_text(tmp_path / "a.txt", paragraphs=3)
+    ingestion = engine.ingest(path, ws.id)
+    deadlock_once(admin, "document_chunks", "INSERT")
+    worker = worker_with(engine)
+    try:
+        assert worker.poll()
+    finally:
+        worker.close()
+    done = engine.ingestion(ingestion.id)
+    assert (done.status, done.attempts) == ("ready", 1)  # not failed, nor retried later
+    assert done.processed_units == done.total_units == chunk_count(path)
+    stored = admin.execute(
+        "SELECT count(*) AS n FROM document_chunks WHERE document_id = %s", (done.document_id,)
+    ).fetchone()
+    assert stored["n"] == chunk_count(path) and tries(admin) == 2
