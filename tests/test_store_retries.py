@@ -1,7 +1,7 @@
 """Every store repeats a statement the server refused for a passing reason (a deadlock: it rolled
-the statement back) through the one RetryPolicy: an ingestion's batch (its fence, checkpoint
-and chunks, one transaction). The refusal is Postgres's own, raised once by a trigger on the
-real tables."""
+the statement back) through the one RetryPolicy: the application queues' completions and
+declarations, and an ingestion's batch (its fence, checkpoint and chunks, one transaction). The
+refusal is Postgres's own, raised once by a trigger on the real tables."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from typing import Any
 import psycopg
 
 from sync import Engine
+from sync.queues import JobStatus, queue_spec
+from sync.queues.kind import Completions
+from sync.queues.postgres import PostgresQueues
 from tests.ingestion_support import chunk_count, worker_with, write_text
 
 
@@ -40,6 +43,34 @@ def tries(admin: psycopg.Connection[Any]) -> int:
     row = admin.execute("SELECT last_value FROM deadlocks").fetchone()
     assert row is not None
     return int(row["last_value"])
+
+
+def test_completions_are_written_after_a_deadlock(engine: Engine, admin: Any) -> None:
+    queues = PostgresQueues(engine.pool)
+    queues.declare_queue(queue_spec("docs.ingest"))
+    queues.register("docs.ingest", lambda job, abort: None)
+    ids = [queues.send("docs.ingest", {"doc": n}) for n in range(2)]
+    attempts = queues.claim(["docs.ingest"], 2)
+    deadlock_once(admin, "jobs", "UPDATE")
+
+    completions = Completions(queues)
+    try:
+        completions.submit_many(attempts)
+        assert completions.flushed.wait_for(1)
+    finally:
+        completions.stop()
+    assert all(queues.get_job(i).status is JobStatus.COMPLETED for i in ids)
+    assert tries(admin) == 2
+
+
+def test_a_queue_declaration_is_repeated_whole_after_a_deadlock(engine: Engine, admin: Any) -> None:
+    queues = PostgresQueues(engine.pool)
+    queues.declare_queue(queue_spec("docs.dead"))
+    deadlock_once(admin, "job_queues", "INSERT")
+    declared = queues.declare_queue(queue_spec("docs.ingest", dead_letter="docs.dead"))
+    assert declared.dead_letter == "docs.dead"
+    assert queues.get_queue("docs.ingest") == declared
+    assert tries(admin) == 2
 
 
 def test_an_ingestion_batch_is_repeated_whole_after_a_deadlock_in_the_same_attempt(
