@@ -47,6 +47,7 @@ from sync.store import (
     TenantStore,
 )
 from sync.store.db import Pool, describe, open_pool
+from sync.store.maintenance import MaintenanceStore
 from sync.store.migrations import Migration, check_schema, grant, migrate
 from sync.vocabulary import ConnectionStatus, RunKind, RunStatus
 from sync.worker import Worker
@@ -541,7 +542,8 @@ class Engine(IngestionsApi):
         nothing and counts what would go. Not available to a workspace-scoped engine."""
         if self._workspace_id is not None:
             raise InvalidInput("a workspace-scoped engine cannot prune the fleet's history")
-        return prune(self.pool, RetentionRules.from_settings(self.settings), dry_run=dry_run)
+        rules = RetentionRules.from_settings(self.settings)
+        return prune(MaintenanceStore(self.pool), rules, dry_run=dry_run)
 
 
 def describe_database(settings: Settings, database_url: str | None = None) -> str:

@@ -1,7 +1,7 @@
 """Every store repeats a statement the server refused for a passing reason (a deadlock: it rolled
 the statement back) through the one RetryPolicy: the application queues' completions and
-declarations, and an ingestion's batch (its fence, checkpoint and chunks, one transaction). The
-refusal is Postgres's own, raised once by a trigger on the real tables."""
+declarations, an ingestion's batch (its fence, checkpoint and chunks, one transaction) and a
+retention batch. The refusal is Postgres's own, raised once by a trigger on the real tables."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from sync import Engine
 from sync.queues import JobStatus, queue_spec
 from sync.queues.kind import Completions
 from sync.queues.postgres import PostgresQueues
+from sync.store.maintenance import MaintenanceStore
 from tests.ingestion_support import chunk_count, worker_with, write_text
 
 
@@ -92,3 +93,14 @@ def test_an_ingestion_batch_is_repeated_whole_after_a_deadlock_in_the_same_attem
         "SELECT count(*) AS n FROM document_chunks WHERE document_id = %s", (done.document_id,)
     ).fetchone()
     assert stored["n"] == chunk_count(path) and tries(admin) == 2
+
+
+def test_a_retention_batch_is_repeated_after_a_deadlock(engine: Engine, admin: Any) -> None:
+    admin.execute(
+        "INSERT INTO rate_budgets (key, blocked_until, reason) "
+        "VALUES ('spent', now() - interval '1 hour', 'a 429')"
+    )
+    deadlock_once(admin, "rate_budgets", "DELETE")
+    batch = MaintenanceStore(engine.pool).prune_rate_budgets(limit=10, delete=True)
+    assert (batch.found, batch.deleted) == (1, 1)
+    assert tries(admin) == 2
