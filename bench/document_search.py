@@ -64,7 +64,7 @@ class Row:
 
 
 def _fill(url: str, n: int) -> int:
-    from sync.documents import Chunk, HashingEmbedder, add_document, upsert_chunks
+    from sync.documents import Chunk, DocumentStore, HashingEmbedder
 
     rng = random.Random(n)
     words = _vocabulary(rng)
@@ -75,24 +75,26 @@ def _fill(url: str, n: int) -> int:
         ).fetchone()
         assert row is not None
         workspace = int(row[0])
-        document = add_document(conn, workspace, f"generated-{n}.txt", "text/plain")
+        store = DocumentStore(conn)
+        document = store.add_document(workspace, f"generated-{n}.txt", "text/plain")
         for start in range(0, n, BATCH):
             texts = [" ".join(rng.choices(words, k=150)) for _ in range(min(BATCH, n - start))]
             chunks = [Chunk(start + i, 1, t) for i, t in enumerate(texts)]
-            upsert_chunks(conn, document, chunks, embedder.embed(texts), model=embedder.model)
+            store.upsert_chunks(document, chunks, embedder.embed(texts), model=embedder.model)
         conn.execute("ANALYZE document_chunks")
     return workspace
 
 
 def _median_ms(url: str, workspace: int, rounds: int) -> tuple[float, float]:
-    from sync.documents import HashingEmbedder, search
+    from sync.documents import DocumentStore, HashingEmbedder
 
     embedder = HashingEmbedder()
     searches, scans = [], []
     with connect(url) as conn:
+        store = DocumentStore(conn)
         for query in itertools.islice(itertools.cycle(QUERIES), rounds):
             began = time.perf_counter()
-            search(conn, workspace, query, embedder)
+            store.search(workspace, query, embedder)
             searches.append((time.perf_counter() - began) * 1000)
             params = {
                 "vector": embedder.embed([query])[0],

@@ -133,13 +133,12 @@ def _rss_mb() -> float:
 def child_ours(url: str, file: str, workspace: int) -> None:
     from sync.documents import (
         DocumentLimits,
+        DocumentStore,
         Extraction,
         HashingEmbedder,
         MediaType,
-        add_document,
         chunks,
         spool,
-        upsert_chunks,
     )
 
     start_rss = _rss_mb()
@@ -151,7 +150,8 @@ def child_ours(url: str, file: str, workspace: int) -> None:
         began = time.perf_counter()
         total = sum(1 for _ in chunks(Extraction(spooled.path, MediaType.TEXT, limits), limits))
         count_s = time.perf_counter() - began
-        document = add_document(conn, workspace, Path(file).name, MediaType.TEXT)
+        store = DocumentStore(conn)
+        document = store.add_document(workspace, Path(file).name, MediaType.TEXT)
         began = time.perf_counter()
         made = chunks(Extraction(spooled.path, MediaType.TEXT, limits), limits)
         while batch := list(itertools.islice(made, BATCH)):
@@ -160,7 +160,7 @@ def child_ours(url: str, file: str, workspace: int) -> None:
                 # As the engine's record writer does for a run's intermediate writes (see
                 # "Durability" in docs/architecture.md); the job's finish commits synchronously.
                 conn.execute("SELECT set_config('synchronous_commit', 'off', true)")
-                upsert_chunks(conn, document, batch, vectors, model=embedder.model)
+                store.upsert_chunks(document, batch, vectors, model=embedder.model)
         index_s = time.perf_counter() - began
     print(
         json.dumps(
@@ -215,14 +215,15 @@ def _run_child(args: list[str]) -> dict[str, float]:
 def _search_ms(url: str, workspace: int, rounds: int) -> float | None:
     if rounds < 1:
         return None
-    from sync.documents import HashingEmbedder, search
+    from sync.documents import DocumentStore, HashingEmbedder
 
     embedder = HashingEmbedder()
     times = []
     with connect(url) as conn:
+        store = DocumentStore(conn)
         for query in itertools.islice(itertools.cycle(QUERIES), rounds):
             began = time.perf_counter()
-            search(conn, workspace, query, embedder)
+            store.search(workspace, query, embedder)
             times.append((time.perf_counter() - began) * 1000)
     return statistics.median(times)
 

@@ -26,6 +26,7 @@ from sync.base.settings import Settings
 from sync.catalog import check_credentials, connector_class, valid_config
 from sync.errors import Conflict, InvalidInput, NotFound
 from sync.ingestions.api import IngestionsApi
+from sync.ingestions.store import IngestionStore
 from sync.jobs import registry as kinds
 from sync.jobs.budgets import budget_key_of
 from sync.models import Attempt, Connection, Record, Run, WorkerInfo, Workspace
@@ -46,6 +47,7 @@ from sync.store import (
     TenantStore,
 )
 from sync.store.db import Pool, describe, open_pool
+from sync.store.maintenance import MaintenanceStore
 from sync.store.migrations import Migration, check_schema, grant, migrate
 from sync.vocabulary import ConnectionStatus, RunKind, RunStatus
 from sync.worker import Worker
@@ -70,11 +72,12 @@ class Engine(IngestionsApi):
         self.database = describe_database(self.settings, database_url)
         self.url = database_url or self.settings.database_url or embedded_url(self.settings.home)
         self.pool: Pool = open_pool(self.settings, self.url, size=pool_size)
-        # The typed statements (sync.store), on the same pool: the runs path's, the
-        # workspaces' and connections', and the operators' reads.
+        # The typed statements, on the same pool: the runs path's, the workspaces' and
+        # connections', the operators' reads, and the ingestions'.
         self.store = RunStore(self.pool)
         self._tenants = TenantStore(self.pool)
         self._overview = OverviewStore(self.pool)
+        self._ingestions = IngestionStore(self.pool)
         self._secrets: SecretBox | None = None
         self._workspace_id: int | None = None
         self._queues: PostgresQueues | None = None
@@ -539,7 +542,8 @@ class Engine(IngestionsApi):
         nothing and counts what would go. Not available to a workspace-scoped engine."""
         if self._workspace_id is not None:
             raise InvalidInput("a workspace-scoped engine cannot prune the fleet's history")
-        return prune(self.pool, RetentionRules.from_settings(self.settings), dry_run=dry_run)
+        rules = RetentionRules.from_settings(self.settings)
+        return prune(MaintenanceStore(self.pool), rules, dry_run=dry_run)
 
 
 def describe_database(settings: Settings, database_url: str | None = None) -> str:

@@ -29,7 +29,7 @@ class Lanes:
         settings = settings.model_copy(update={"lanes": text})
         metrics = metrics or WorkerMetrics()
         parts = WorkerParts(
-            pool=queues.store._pool,  # type: ignore[arg-type]
+            pool=queues.store.pool,
             settings=settings,
             secrets=None,
             worker_id=f"lanes-{uuid.uuid4().hex[:6]}",

@@ -17,17 +17,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from sync.documents import (
-    Chunk,
-    HashingEmbedder,
-    VectorStorage,
-    add_document,
-    count_chunks,
-    delete_chunks_from,
-    search,
-    upsert_chunks,
-    vector_storage,
-)
+from sync.documents import Chunk, DocumentStore, HashingEmbedder, VectorStorage
 from sync.store.migrations import grant
 from tests.documents_databases import SETUPS, ChunkDatabase, chunk_database, start_pgserver
 
@@ -73,24 +63,27 @@ def _chunks(texts: list[str], page: int = 1) -> list[Chunk]:
 
 
 def _index(conn: psycopg.Connection[Any], workspace: int, name: str, texts: list[str]) -> int:
-    document = add_document(conn, workspace, name, "text/plain")
-    upsert_chunks(conn, document, _chunks(texts), EMBEDDER.embed(texts), model=EMBEDDER.model)
+    store = DocumentStore(conn)
+    document = store.add_document(workspace, name, "text/plain")
+    store.upsert_chunks(document, _chunks(texts), EMBEDDER.embed(texts), model=EMBEDDER.model)
     return document
 
 
 def test_embeddings_are_stored_as_the_setup_allows(db: ChunkDatabase) -> None:
     with db.connect() as conn:
-        assert vector_storage(conn) is db.expected
+        store = DocumentStore(conn)
+        assert store.vector_storage() is db.expected
 
 
 def test_a_replayed_batch_rewrites_nothing(db: ChunkDatabase) -> None:
     with db.connect() as conn:
+        store = DocumentStore(conn)
         document = _index(conn, db.workspaces[0], "spec.txt", CORPUS)
         before = conn.execute(
             "SELECT chunk_index, xmin::text FROM document_chunks ORDER BY 1"
         ).fetchall()
-        again = upsert_chunks(
-            conn, document, _chunks(CORPUS), EMBEDDER.embed(CORPUS), model=EMBEDDER.model
+        again = store.upsert_chunks(
+            document, _chunks(CORPUS), EMBEDDER.embed(CORPUS), model=EMBEDDER.model
         )
         after = conn.execute(
             "SELECT chunk_index, xmin::text FROM document_chunks ORDER BY 1"
@@ -98,8 +91,8 @@ def test_a_replayed_batch_rewrites_nothing(db: ChunkDatabase) -> None:
         assert again == 0 and after == before  # no new row version
         changed = [*CORPUS[:2], "a new third chunk", *CORPUS[3:]]
         assert (
-            upsert_chunks(
-                conn, document, _chunks(changed), EMBEDDER.embed(changed), model=EMBEDDER.model
+            store.upsert_chunks(
+                document, _chunks(changed), EMBEDDER.embed(changed), model=EMBEDDER.model
             )
             == 1
         )
@@ -111,10 +104,11 @@ def test_a_replayed_batch_rewrites_nothing(db: ChunkDatabase) -> None:
 
 def test_the_tail_of_a_longer_version_is_deleted(db: ChunkDatabase) -> None:
     with db.connect() as conn:
+        store = DocumentStore(conn)
         document = _index(conn, db.workspaces[0], "spec.txt", CORPUS)
         other = _index(conn, db.workspaces[0], "other.txt", CORPUS)
-        assert delete_chunks_from(conn, document, 2) == 3
-        assert count_chunks(conn, document) == 2 and count_chunks(conn, other) == 5
+        assert store.delete_chunks_from(document, 2) == 3
+        assert store.count_chunks(document) == 2 and store.count_chunks(other) == 5
         indexes = [
             r[0]
             for r in conn.execute(
@@ -127,21 +121,23 @@ def test_the_tail_of_a_longer_version_is_deleted(db: ChunkDatabase) -> None:
 
 def test_writes_commit_with_the_callers_transaction(db: ChunkDatabase) -> None:
     with db.connect() as conn:
-        document = add_document(conn, db.workspaces[0], "spec.txt", "text/plain")
+        store = DocumentStore(conn)
+        document = store.add_document(db.workspaces[0], "spec.txt", "text/plain")
         with pytest.raises(RuntimeError), conn.transaction():
-            upsert_chunks(
-                conn, document, _chunks(CORPUS), EMBEDDER.embed(CORPUS), model=EMBEDDER.model
+            store.upsert_chunks(
+                document, _chunks(CORPUS), EMBEDDER.embed(CORPUS), model=EMBEDDER.model
             )
             raise RuntimeError("the fence said the lease is lost")
-        assert count_chunks(conn, document) == 0
+        assert store.count_chunks(document) == 0
 
 
 def test_search_ranks_matching_chunks_first_with_document_and_page(db: ChunkDatabase) -> None:
     with db.connect() as conn:
-        document = add_document(conn, db.workspaces[0], "plans.pdf", "application/pdf")
+        store = DocumentStore(conn)
+        document = store.add_document(db.workspaces[0], "plans.pdf", "application/pdf")
         chunks = [Chunk(i, i + 1, text) for i, text in enumerate(CORPUS)]
-        upsert_chunks(conn, document, chunks, EMBEDDER.embed(CORPUS), model=EMBEDDER.model)
-        hits = search(conn, db.workspaces[0], "steel beams", EMBEDDER, limit=3)
+        store.upsert_chunks(document, chunks, EMBEDDER.embed(CORPUS), model=EMBEDDER.model)
+        hits = store.search(db.workspaces[0], "steel beams", EMBEDDER, limit=3)
     # The two chunks that hold both words come first; which of them leads is the vectors' call.
     assert {h.chunk_index for h in hits[:2]} == {0, 4}
     top = next(h for h in hits if h.chunk_index == 0)
@@ -155,19 +151,21 @@ def test_search_ranks_matching_chunks_first_with_document_and_page(db: ChunkData
 def test_stop_words_match_nothing_and_a_word_matches_its_other_forms(db: ChunkDatabase) -> None:
     lease = "The lease is renewed at a third of its length by the lease keeper."
     with db.connect() as conn:
+        store = DocumentStore(conn)
         _index(conn, db.workspaces[0], "notes.txt", [*CORPUS, lease])
         # Words that every English text holds find nothing by their words.
-        assert all(h.text_score is None for h in search(conn, db.workspaces[0], "is the", EMBEDDER))
-        hits = search(conn, db.workspaces[0], "How is the renewal of a lease done?", EMBEDDER)
+        assert all(h.text_score is None for h in store.search(db.workspaces[0], "is the", EMBEDDER))
+        hits = store.search(db.workspaces[0], "How is the renewal of a lease done?", EMBEDDER)
     assert hits[0].text == lease and hits[0].text_score is not None  # renewal: renewed
 
 
 def test_a_good_match_scores_far_above_a_poor_one(db: ChunkDatabase) -> None:
     with db.connect() as conn:
+        store = DocumentStore(conn)
         _index(conn, db.workspaces[0], "spec.txt", CORPUS)
-        good = search(conn, db.workspaces[0], "steel beams", EMBEDDER, limit=1)
-        partial = search(conn, db.workspaces[0], "steel sourdough starter", EMBEDDER, limit=1)
-        none = search(conn, db.workspaces[0], "sourdough bread recipe", EMBEDDER, limit=1)
+        good = store.search(db.workspaces[0], "steel beams", EMBEDDER, limit=1)
+        partial = store.search(db.workspaces[0], "steel sourdough starter", EMBEDDER, limit=1)
+        none = store.search(db.workspaces[0], "sourdough bread recipe", EMBEDDER, limit=1)
     # Every word held: about half the text score and a close vector; one rare word of three:
     # a third of that; no word: a hashing collision at most.
     assert good[0].score > 0.4
@@ -178,12 +176,13 @@ def test_a_good_match_scores_far_above_a_poor_one(db: ChunkDatabase) -> None:
 def test_search_never_returns_another_workspaces_chunks(db: ChunkDatabase) -> None:
     mine, theirs = db.workspaces
     with db.connect() as conn:
+        store = DocumentStore(conn)
         own = _index(conn, mine, "mine.txt", CORPUS[:2])
         _index(conn, theirs, "theirs.txt", CORPUS)
-        hits = search(conn, mine, "steel beams concrete fire door guardrails", EMBEDDER, limit=50)
+        hits = store.search(mine, "steel beams concrete fire door guardrails", EMBEDDER, limit=50)
         assert hits and {h.document_id for h in hits} == {own}
         # Only their document has the word; in mine, at most a hashing collision is found.
-        assert all(h.document_id == own for h in search(conn, mine, "guardrails", EMBEDDER))
+        assert all(h.document_id == own for h in store.search(mine, "guardrails", EMBEDDER))
 
 
 def test_a_chunk_cannot_be_filed_in_another_workspace(db: ChunkDatabase) -> None:
@@ -199,23 +198,26 @@ def test_a_chunk_cannot_be_filed_in_another_workspace(db: ChunkDatabase) -> None
 
 def test_vectors_of_another_model_are_not_compared(db: ChunkDatabase) -> None:
     with db.connect() as conn:
+        store = DocumentStore(conn)
         _index(conn, db.workspaces[0], "spec.txt", CORPUS)
-        hits = search(conn, db.workspaces[0], "steel beams", HashingEmbedder(32))
+        hits = store.search(db.workspaces[0], "steel beams", HashingEmbedder(32))
     assert [h.chunk_index for h in hits] == [0, 4]  # found by their words only
     assert all(h.similarity is None for h in hits)
 
 
 def test_deleting_a_document_deletes_its_chunks(db: ChunkDatabase) -> None:
     with db.connect() as conn:
+        store = DocumentStore(conn)
         document = _index(conn, db.workspaces[0], "spec.txt", CORPUS)
         conn.execute("DELETE FROM documents WHERE id = %s", (document,))
-        assert count_chunks(conn, document) == 0
+        assert store.count_chunks(document) == 0
 
 
 def test_a_query_without_words_finds_nothing(db: ChunkDatabase) -> None:
     with db.connect() as conn:
+        store = DocumentStore(conn)
         _index(conn, db.workspaces[0], "spec.txt", CORPUS)
-        assert search(conn, db.workspaces[0], " -- ?! ", EMBEDDER) == []
+        assert store.search(db.workspaces[0], " -- ?! ", EMBEDDER) == []
 
 
 @pytest.mark.slow
@@ -224,9 +226,10 @@ def test_both_storages_rank_alike(tmp_path: Path, pgserver: Any) -> None:
     results = []
     for setup in ("postgres-real[]", "pgvector"):
         with chunk_database(setup, pgserver) as database, database.connect() as conn:
+            store = DocumentStore(conn)
             _index(conn, database.workspaces[0], "spec.txt", CORPUS)
-            hits = search(
-                conn, database.workspaces[0], "steel beam crane welding", EMBEDDER, limit=5
+            hits = store.search(
+                database.workspaces[0], "steel beam crane welding", EMBEDDER, limit=5
             )
             results.append(hits)
     array, vector = results
@@ -267,10 +270,14 @@ def test_a_runtime_role_with_data_rights_only_can_index_and_search(pgserver: Any
                 database.workspaces,
             )
             with runtime.connect() as conn:
-                assert vector_storage(conn) is VectorStorage.PGVECTOR
+                store = DocumentStore(conn)
+                assert store.vector_storage() is VectorStorage.PGVECTOR
                 _index(conn, database.workspaces[0], "spec.txt", CORPUS)
                 assert (
-                    search(conn, database.workspaces[0], "fire door", EMBEDDER)[0].chunk_index == 2
+                    DocumentStore(conn)
+                    .search(database.workspaces[0], "fire door", EMBEDDER)[0]
+                    .chunk_index
+                    == 2
                 )
         finally:
             with database.connect() as admin:
@@ -295,9 +302,10 @@ def test_a_match_by_meaning_alone_is_found_only_with_pgvector(db: ChunkDatabase)
     texts = ["parking for one automobile per unit", "bicycle storage room"]
     embedder = _Synonyms()
     with db.connect() as conn:
-        document = add_document(conn, db.workspaces[0], "spec.txt", "text/plain")
-        upsert_chunks(conn, document, _chunks(texts), embedder.embed(texts), model=embedder.model)
-        hits = search(conn, db.workspaces[0], "car", embedder)
+        store = DocumentStore(conn)
+        document = store.add_document(db.workspaces[0], "spec.txt", "text/plain")
+        store.upsert_chunks(document, _chunks(texts), embedder.embed(texts), model=embedder.model)
+        hits = store.search(db.workspaces[0], "car", embedder)
     if db.expected is VectorStorage.PGVECTOR:
         assert [(h.chunk_index, h.text_score) for h in hits] == [(0, None)]
     else:  # the real[] fallback ranks the full-text candidates only, and no chunk says "car"

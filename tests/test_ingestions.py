@@ -17,13 +17,15 @@ from connectors import RateLimited, RetryableError
 from sync import Engine
 from sync.base.abort import AbortReason
 from sync.documents import HashingEmbedder
-from sync.errors import Conflict, InvalidInput, NotFound
-from sync.ingestions import store
+from sync.errors import Conflict, InvalidInput, LeaseLost, NotFound
 from sync.ingestions.decisions import FAILED, after_failure
+from sync.ingestions.kind import read_ingestion_control
+from sync.ingestions.models import IngestionStatus
+from sync.ingestions.store import IngestionStore
 from sync.jobs.outcome import Action, Outcome
 from sync.store.queries import parse
 from sync.store.sqlfiles import sql_dir
-from sync.vocabulary import ErrorKind
+from sync.vocabulary import ErrorKind, JobError
 from tests.conftest import make_settings
 from tests.ingestion_support import (
     CountingEmbedder,
@@ -178,24 +180,29 @@ def test_a_batch_renews_the_lease_and_never_revives_an_expired_one(
 ) -> None:
     ws = engine.create_workspace("docs")
     engine.ingest(write_text(tmp_path / "a.txt", paragraphs=10), ws.id)
-    with engine.pool.connection() as conn:
-        row = store.claim_document(conn, "worker-a", timedelta(seconds=120), None)
-        assert row is not None
-        lease = store.owner_of(row)
-        begun = store.begin(
-            conn, lease, name="a.txt", media_type="text/plain", scope="local:/",
-            content_sha256="00", indexed_with="x", total_units=10, results={},
-        )  # fmt: skip
-        assert begun is not None
-        admin.execute("UPDATE ingestions SET lease_expires_at = now() + interval '5 seconds'")
-        with conn.transaction():
-            assert store.record_batch(conn, lease, 5, timedelta(seconds=600)) is False
-        left = admin.execute("SELECT lease_expires_at - now() AS left FROM ingestions").fetchone()
-        assert timedelta(seconds=590) <= left["left"] <= timedelta(seconds=600)
+    store = IngestionStore(engine.pool)
+    row = store.claim_document("worker-a", timedelta(seconds=120), None)
+    assert row is not None
+    begun = store.begin(
+        row.lease, name="a.txt", media_type="text/plain", scope="local:/",
+        content_sha256="00", indexed_with="x", total_units=10, results={},
+    )  # fmt: skip
+    assert begun is not None
 
-        admin.execute("UPDATE ingestions SET lease_expires_at = now() - interval '1 second'")
-        with conn.transaction():
-            assert store.record_batch(conn, lease, 10, timedelta(seconds=600)) is None
+    def batch(processed_units: int) -> bool:
+        return store.write_batch(
+            row.lease, document_id=begun.document_id, chunks=[], vectors=[], model="x",
+            processed_units=processed_units, length=timedelta(seconds=600),
+        )  # fmt: skip
+
+    admin.execute("UPDATE ingestions SET lease_expires_at = now() + interval '5 seconds'")
+    assert batch(5) is False
+    left = admin.execute("SELECT lease_expires_at - now() AS left FROM ingestions").fetchone()
+    assert timedelta(seconds=590) <= left["left"] <= timedelta(seconds=600)
+
+    admin.execute("UPDATE ingestions SET lease_expires_at = now() - interval '1 second'")
+    with pytest.raises(LeaseLost):
+        batch(10)
     after = admin.execute(
         "SELECT processed_units, lease_expires_at < now() AS expired FROM ingestions"
     ).fetchone()
@@ -231,36 +238,42 @@ def test_a_value_the_database_refuses_fails_the_ingestion_at_once(
 def test_a_stale_claim_writes_nothing(engine: Engine, admin: Any, tmp_path: Path) -> None:
     ws = engine.create_workspace("docs")
     ingestion = engine.ingest(write_text(tmp_path / "a.txt", paragraphs=10), ws.id)
+    store = IngestionStore(engine.pool)
+    row = store.claim_document("worker-a", timedelta(seconds=120), None)
+    assert row is not None and row.id == ingestion.id
+    stale = row.lease
+    begun = store.begin(
+        stale, name="a.txt", media_type="text/plain", scope="local:/",
+        content_sha256="00", indexed_with="x", total_units=5, results={},
+    )  # fmt: skip
+    assert begun is not None and begun.processed_units == 0
+    admin.execute("UPDATE ingestions SET lease_expires_at = now() - interval '1 second'")
     with engine.pool.connection() as conn:
-        row = store.claim_document(conn, "worker-a", timedelta(seconds=120), None)
-        assert row is not None and row["id"] == ingestion.id
-        stale = store.owner_of(row)
-        begun = store.begin(
-            conn, stale, name="a.txt", media_type="text/plain", scope="local:/",
-            content_sha256="00", indexed_with="x", total_units=5, results={},
+        assert not IngestionStore.renew(conn, stale, timedelta(seconds=120))
+        assert read_ingestion_control(conn, stale).stop is AbortReason.LEASE_LOST
+    again = store.claim_document("worker-b", timedelta(seconds=120), None)
+    assert again is not None and again.lease_owner != stale.owner
+    assert again.attempts == 2
+    with pytest.raises(LeaseLost):
+        store.write_batch(
+            stale, document_id=begun.document_id, chunks=[], vectors=[], model="x",
+            processed_units=5, length=timedelta(seconds=120),
         )  # fmt: skip
-        assert begun is not None and begun.processed_units == 0
-        admin.execute("UPDATE ingestions SET lease_expires_at = now() - interval '1 second'")
-        assert not store.renew(conn, stale, timedelta(seconds=120))
-        assert store.read_control(conn, stale).stop is AbortReason.LEASE_LOST
-        again = store.claim_document(conn, "worker-b", timedelta(seconds=120), None)
-        assert again is not None and again["lease_owner"] != stale.owner
-        assert again["attempts"] == 2
-        with conn.transaction():
-            assert store.record_batch(conn, stale, 5, timedelta(seconds=120)) is None
-        assert not store.fence(conn, stale)
-        finished = store.finish(
-            conn, stale, document_id=begun.document_id, record_hash=None, name="a.txt",
-            scope="local:/", version=None, content_sha256="00", source_hash=b"\0",
-            indexed_with="x", total_units=5, results={},
-        )  # fmt: skip
-        assert (finished.fenced, finished.finished) == (False, False)
-        assert not store.end(conn, stale, "failed", error={"kind": "x", "message": "y"})
-        assert store.requeue(conn, stale, 1.0, {"kind": "x", "message": "y"}) is None
-        assert not store.hand_back(conn, stale)
-        assert not store.hand_over_to_archive(conn, stale, name="a.zip", scope=None)
+    with pytest.raises(LeaseLost):
+        store.delete_tail(stale, begun.document_id, 0)
+    finished = store.finish(
+        stale, document_id=begun.document_id, record_hash=None, name="a.txt",
+        scope="local:/", version=None, content_sha256="00", source_hash=b"\0",
+        indexed_with="x", total_units=5, results={},
+    )  # fmt: skip
+    assert (finished.fenced, finished.finished) == (False, False)
+    error = JobError(ErrorKind.INTERNAL, "y")
+    assert not store.end(stale, IngestionStatus.FAILED, error=error)
+    assert store.requeue(stale, 1.0, error, spend_attempt=True) is None
+    assert not store.hand_back(stale)
+    assert not store.hand_over_to_archive(stale, name="a.zip", scope=None)
     now = engine.ingestion(ingestion.id)
-    assert now.status == "running" and now.lease_owner == again["lease_owner"]
+    assert now.status == "running" and now.lease_owner == again.lease_owner
     assert now.processed_units == 0
     doc = admin.execute("SELECT status FROM documents WHERE id = %s", (begun.document_id,))
     assert doc.fetchone()["status"] == "indexing"

@@ -19,7 +19,9 @@ from connectors.simulated.documents import kind_of
 from connectors.simulated.server import Simulation, start_server
 from sync import Engine
 from sync.documents import DocumentLimits
-from sync.ingestions import store
+from sync.ingestions.models import IngestionStatus
+from sync.ingestions.rows import Expanded, Member
+from sync.ingestions.store import IngestionStore
 from sync.testing import run_sync
 from tests.conftest import make_settings
 from tests.documents_fixtures import zip_bytes
@@ -311,25 +313,26 @@ def test_an_expansion_whose_worker_died_is_reclaimed_and_the_old_worker_writes_n
     worker = worker_with(engine)
     try:
         assert worker.poll()  # the document stage hands it to the archive kind
-        with engine.pool.connection() as conn:
-            reclaim = timedelta(seconds=engine.settings.archive_reclaim_seconds)
-            first = store.claim_archive(conn, "dead-worker", reclaim, None)
-            assert first is not None and first["processing_since"] is not None
-            assert store.claim_archive(conn, "other", reclaim, None) is None  # still fresh
-            admin.execute(
-                "UPDATE ingestions SET processing_since = processing_since - interval '16 minutes'"
-            )
-            second = store.claim_archive(conn, "other", reclaim, None)
-            assert second is not None and second["id"] == first["id"]
-            assert second["attempts"] == first["attempts"] + 1
-            member = store.Member("a.txt", "00" * 32, "a.txt")
-            stale = store.expand_archive(
-                conn, first["id"], first["processing_since"], members=[member], name="x.zip",
-                scope=None, archive_sha256="00", indexed_with="x", results={},
-            )  # fmt: skip
-            assert stale == (False, 0)
-            assert not store.end_archive(conn, first["id"], first["processing_since"], "failed")
+        store = IngestionStore(engine.pool)
+        reclaim = timedelta(seconds=engine.settings.archive_reclaim_seconds)
+        first = store.claim_archive("dead-worker", reclaim, None)
+        assert first is not None and first.processing_since is not None
+        assert store.claim_archive("other", reclaim, None) is None  # still fresh
+        admin.execute(
+            "UPDATE ingestions SET processing_since = processing_since - interval '16 minutes'"
+        )
+        second = store.claim_archive("other", reclaim, None)
+        assert second is not None and second.id == first.id
+        assert second.attempts == first.attempts + 1
+        member = Member("a.txt", "00" * 32, "a.txt")
+        stale = store.expand_archive(
+            first.id, first.processing_since, members=[member], name="x.zip",
+            scope=None, archive_sha256="00", indexed_with="x", results={},
+        )  # fmt: skip
+        assert stale == Expanded(finished=False, queued=0)
+        failed = IngestionStatus.FAILED
+        assert not store.end_archive(first.id, first.processing_since, failed)
     finally:
         worker.close()
-    assert engine.ingestion(first["id"]).status == "running"
-    assert engine.ingestions(archive_id=first["id"]) == []
+    assert engine.ingestion(first.id).status == "running"
+    assert engine.ingestions(archive_id=first.id) == []

@@ -3,7 +3,7 @@
 A document's bytes are spooled to a temporary file (:func:`spool`), its text extracted page by
 page (:class:`Extraction`), cut into a deterministic sequence of chunks (:func:`chunks`),
 embedded (:class:`HashingEmbedder` by default, :class:`OpenAIEmbeddings` for an endpoint) and
-stored and searched in Postgres (:mod:`sync.documents.store`). Archives are expanded safely by
+stored and searched in Postgres (:class:`DocumentStore`). Archives are expanded safely by
 :func:`expand_zip`. Nothing here depends on the job machinery; a job drives these functions and
 fences their writes. See docs/documents.md.
 """
@@ -22,16 +22,7 @@ from sync.documents.extract import Extraction, MediaType, Segment, indexable, me
 from sync.documents.limits import DocumentLimits
 from sync.documents.openai_embeddings import OpenAIEmbeddings
 from sync.documents.spool import SpooledFile, spool
-from sync.documents.store import (
-    SearchHit,
-    VectorStorage,
-    add_document,
-    count_chunks,
-    delete_chunks_from,
-    search,
-    upsert_chunks,
-    vector_storage,
-)
+from sync.documents.store import DocumentStore, SearchHit, VectorStorage
 
 __all__ = [
     "ArchiveMember",
@@ -39,6 +30,7 @@ __all__ = [
     "Chunk",
     "DocumentError",
     "DocumentLimits",
+    "DocumentStore",
     "DocumentTooLarge",
     "Embedder",
     "Extraction",
@@ -51,15 +43,9 @@ __all__ = [
     "SpooledFile",
     "UnsupportedDocument",
     "VectorStorage",
-    "add_document",
     "chunks",
-    "count_chunks",
-    "delete_chunks_from",
     "expand_zip",
     "indexable",
     "media_type_of",
-    "search",
     "spool",
-    "upsert_chunks",
-    "vector_storage",
 ]

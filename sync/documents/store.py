@@ -1,26 +1,31 @@
-"""Chunks in Postgres: the batch upsert, the tail delete and the search, as functions taking a
-psycopg connection whose ``search_path`` is the engine's schema.
+"""Documents and their chunks in Postgres, as the typed methods of :class:`DocumentStore` on the
+caller's psycopg connection (its ``search_path`` the engine's schema): the batch upsert, the tail
+delete and the search. Statements are the named ones of ``sql/documents.sql``.
 
-None of them commits or opens a transaction: each is one statement, run in the caller's
-transaction, so a job writes a batch in the same transaction as the check of its lease (and the
-new ``processed_units``), and a worker that lost its lease writes nothing. Statements are the
-named ones of ``sql/documents.sql``.
+None of them commits or opens a transaction: a job writes a batch in its own transaction with
+the check of its lease (and the new ``processed_units``), so a worker that lost its lease writes
+nothing, and repeats that transaction whole when it fails for a passing reason. A statement that
+is its own transaction (an autocommit connection outside one: a search) is repeated after a
+transient failure through the one :class:`~sync.store.retry.RetryPolicy`.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
+from psycopg import sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row, tuple_row
 
 from sync.documents.chunking import Chunk
 from sync.documents.embeddings import Embedder, Vector, words
 from sync.store.queries import NamedQueries
+from sync.store.retry import DEFAULT, RetryPolicy
 
 # A query's first words; a longer query is cut here (it only adds terms to an OR).
 MAX_QUERY_WORDS = 64
@@ -36,78 +41,12 @@ TEXT_WEIGHT = 0.7
 
 DOCUMENT_QUERIES = NamedQueries("documents.sql")
 
-
-def _first(conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> tuple[Any, ...]:
-    """The first row of a statement as a tuple, whatever the connection's row factory."""
-    with conn.cursor(row_factory=tuple_row) as cur:
-        row = cur.execute(DOCUMENT_QUERIES[name], params).fetchone()
-    assert row is not None
-    return row
+T = TypeVar("T")
 
 
 class VectorStorage(StrEnum):
     PGVECTOR = "vector"
     ARRAY = "real[]"
-
-
-def vector_storage(conn: psycopg.Connection[Any]) -> VectorStorage:
-    """How this schema stores embeddings: chosen once, when its migration ran."""
-    row = _first(conn, "vector_storage", {})
-    return VectorStorage(row[0])
-
-
-def add_document(
-    conn: psycopg.Connection[Any], workspace_id: int, name: str, media_type: str
-) -> int:
-    """A new document of ``workspace_id``; returns its id."""
-    row = _first(
-        conn, "add_document", {"workspace_id": workspace_id, "name": name, "media_type": media_type}
-    )
-    return int(row[0])
-
-
-def upsert_chunks(
-    conn: psycopg.Connection[Any],
-    document_id: int,
-    chunks: Sequence[Chunk],
-    vectors: Sequence[Vector],
-    *,
-    model: str,
-) -> int:
-    """Write a batch of chunks with their vectors, keyed by chunk index, in one statement.
-    Returns how many rows were written: unchanged chunks are not rewritten."""
-    if len(chunks) != len(vectors):
-        raise ValueError(f"{len(chunks)} chunks but {len(vectors)} vectors")
-    if not chunks:
-        return 0
-    dims = len(vectors[0])
-    if any(len(v) != dims for v in vectors):
-        raise ValueError("the vectors of one batch must all have the same length")
-    cur = conn.execute(
-        DOCUMENT_QUERIES.upsert_chunks,
-        {
-            "document_id": document_id,
-            "model": model,
-            "dims": dims,
-            "indexes": [c.index for c in chunks],
-            "pages": [c.page for c in chunks],
-            "texts": [c.text for c in chunks],
-            "vectors": list(itertools.chain.from_iterable(vectors)),
-        },
-    )
-    return cur.rowcount
-
-
-def delete_chunks_from(conn: psycopg.Connection[Any], document_id: int, tail: int) -> int:
-    """Delete the document's chunks with index ``tail`` or more; returns how many."""
-    return conn.execute(
-        DOCUMENT_QUERIES.delete_chunks_from, {"document_id": document_id, "tail": tail}
-    ).rowcount
-
-
-def count_chunks(conn: psycopg.Connection[Any], document_id: int) -> int:
-    row = _first(conn, "count_chunks", {"document_id": document_id})
-    return int(row[0])
 
 
 @dataclass(frozen=True)
@@ -133,41 +72,116 @@ class SearchHit:
     member_path: str = ""
 
 
-def search(
-    conn: psycopg.Connection[Any],
-    workspace_id: int,
-    query: str,
-    embedder: Embedder,
-    *,
-    limit: int = 10,
-    candidates: int = 50,
-    min_similarity: float = 0.0,
-) -> list[SearchHit]:
-    """The ``limit`` best chunks of ``workspace_id`` for ``query``, best first: its English
-    terms weighed by their rarity (BM25) and vector similarity (chunks embedded by
-    ``embedder``'s model only, above ``min_similarity``), each hit scored from 0 to 1. With
-    pgvector every chunk of the workspace is a vector candidate; with the real[] fallback, only
-    the full-text candidates are (see docs/documents.md)."""
-    if limit < 1:
-        raise ValueError("limit must be at least 1")
-    text = " ".join(query.split()[:MAX_QUERY_WORDS])
-    if not words(text):
-        return []
-    vector = embedder.embed([text])[0]
-    with conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(
-            DOCUMENT_QUERIES.search_chunks,
-            {
-                "workspace_id": workspace_id,
-                "scan_all": vector_storage(conn) is VectorStorage.PGVECTOR,
-                "query": text,
-                "vector": vector,
-                "model": embedder.model,
-                "candidates": max(candidates, limit),
-                "min_similarity": min_similarity,
-                "k1": BM25_K1,
-                "text_weight": TEXT_WEIGHT,
-                "limit": limit,
-            },
-        ).fetchall()
-    return [SearchHit(**row) for row in rows]
+class DocumentStore:
+    """The statements of documents and chunks on ``conn``, whatever its row factory."""
+
+    def __init__(self, conn: psycopg.Connection[Any], *, retry: RetryPolicy = DEFAULT) -> None:
+        self._conn = conn
+        self._retry = retry
+
+    def _run(self, call: Callable[[], T]) -> T:
+        """A statement that is its own transaction is repeated after a transient failure; one
+        inside the caller's transaction is the caller's to repeat (the failure rolled all of
+        that transaction back)."""
+        conn = self._conn
+        if conn.autocommit and conn.info.transaction_status is TransactionStatus.IDLE:
+            return self._retry.run(call)
+        return call()
+
+    def _first(self, query: sql.SQL, params: dict[str, Any]) -> tuple[Any, ...]:
+        def call() -> tuple[Any, ...]:
+            with self._conn.cursor(row_factory=tuple_row) as cur:
+                row = cur.execute(query, params).fetchone()
+            assert row is not None
+            return row
+
+        return self._run(call)
+
+    def _rowcount(self, query: sql.SQL, params: dict[str, Any]) -> int:
+        return self._run(lambda: self._conn.execute(query, params).rowcount)
+
+    def vector_storage(self) -> VectorStorage:
+        """How this schema stores embeddings: chosen once, when its migration ran."""
+        return VectorStorage(self._first(DOCUMENT_QUERIES.vector_storage, {})[0])
+
+    def add_document(self, workspace_id: int, name: str, media_type: str) -> int:
+        """A new document of ``workspace_id``; returns its id."""
+        params = {"workspace_id": workspace_id, "name": name, "media_type": media_type}
+        return int(self._first(DOCUMENT_QUERIES.add_document, params)[0])
+
+    def upsert_chunks(
+        self,
+        document_id: int,
+        chunks: Sequence[Chunk],
+        vectors: Sequence[Vector],
+        *,
+        model: str,
+    ) -> int:
+        """Write a batch of chunks with their vectors, keyed by chunk index, in one statement.
+        Returns how many rows were written: unchanged chunks are not rewritten."""
+        if len(chunks) != len(vectors):
+            raise ValueError(f"{len(chunks)} chunks but {len(vectors)} vectors")
+        if not chunks:
+            return 0
+        dims = len(vectors[0])
+        if any(len(v) != dims for v in vectors):
+            raise ValueError("the vectors of one batch must all have the same length")
+        params = {
+            "document_id": document_id,
+            "model": model,
+            "dims": dims,
+            "indexes": [c.index for c in chunks],
+            "pages": [c.page for c in chunks],
+            "texts": [c.text for c in chunks],
+            "vectors": list(itertools.chain.from_iterable(vectors)),
+        }
+        return self._rowcount(DOCUMENT_QUERIES.upsert_chunks, params)
+
+    def delete_chunks_from(self, document_id: int, tail: int) -> int:
+        """Delete the document's chunks with index ``tail`` or more; returns how many."""
+        params = {"document_id": document_id, "tail": tail}
+        return self._rowcount(DOCUMENT_QUERIES.delete_chunks_from, params)
+
+    def count_chunks(self, document_id: int) -> int:
+        return int(self._first(DOCUMENT_QUERIES.count_chunks, {"document_id": document_id})[0])
+
+    def search(
+        self,
+        workspace_id: int,
+        query: str,
+        embedder: Embedder,
+        *,
+        limit: int = 10,
+        candidates: int = 50,
+        min_similarity: float = 0.0,
+    ) -> list[SearchHit]:
+        """The ``limit`` best chunks of ``workspace_id`` for ``query``, best first: its English
+        terms weighed by their rarity (BM25) and vector similarity (chunks embedded by
+        ``embedder``'s model only, above ``min_similarity``), each hit scored from 0 to 1. With
+        pgvector every chunk of the workspace is a vector candidate; with the real[] fallback,
+        only the full-text candidates are (see docs/documents.md)."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        text = " ".join(query.split()[:MAX_QUERY_WORDS])
+        if not words(text):
+            return []
+        vector = embedder.embed([text])[0]
+        params = {
+            "workspace_id": workspace_id,
+            "scan_all": self.vector_storage() is VectorStorage.PGVECTOR,
+            "query": text,
+            "vector": vector,
+            "model": embedder.model,
+            "candidates": max(candidates, limit),
+            "min_similarity": min_similarity,
+            "k1": BM25_K1,
+            "text_weight": TEXT_WEIGHT,
+            "limit": limit,
+        }
+
+        def call() -> list[SearchHit]:
+            with self._conn.cursor(row_factory=dict_row) as cur:
+                rows = cur.execute(DOCUMENT_QUERIES.search_chunks, params).fetchall()
+            return [SearchHit(**row) for row in rows]
+
+        return self._run(call)

@@ -11,11 +11,9 @@ from pathlib import Path
 from connectors.errors import ConnectorError
 from sync.base import redact
 from sync.base.settings import Settings
-from sync.documents import DocumentLimits
-from sync.documents import search as search_chunks
+from sync.documents import DocumentLimits, DocumentStore
 from sync.documents.embedders import close_embedder, embedder_from
 from sync.errors import Conflict, EndpointFailed, InvalidInput, NotFound
-from sync.ingestions import store
 from sync.ingestions.job import indexed_with, model_of
 from sync.ingestions.local_files import local_files
 from sync.ingestions.models import (
@@ -25,6 +23,7 @@ from sync.ingestions.models import (
     OtherModel,
     SearchResults,
 )
+from sync.ingestions.store import IngestionStore
 from sync.store.db import Pool
 
 MAX_LIMIT = 1000
@@ -42,6 +41,7 @@ class IngestionsApi:
     pool: Pool
     settings: Settings
     _workspace_id: int | None
+    _ingestions: IngestionStore
 
     def ingest(self, path: str | Path, workspace_id: int) -> Ingestion:
         """Queue the ingestion of a local file into a workspace (or return the one already
@@ -55,19 +55,17 @@ class IngestionsApi:
             sha256 = file_sha256(file)
         except OSError as exc:
             raise InvalidInput(f"{path} cannot be read ({exc.strerror or exc})") from None
-        with self.pool.connection() as conn:
-            row = store.queue_local_ingestion(
-                conn,
-                workspace_id=workspace_id,
-                path=str(file),
-                name=file.name,
-                scope=f"local:{file.parent}",
-                sha256=sha256,
-                max_attempts=self.settings.max_attempts,
-            )
-        if row is None:
+        queued = self._ingestions.queue_local(
+            workspace_id=workspace_id,
+            path=str(file),
+            name=file.name,
+            scope=f"local:{file.parent}",
+            sha256=sha256,
+            max_attempts=self.settings.max_attempts,
+        )
+        if queued is None:
             raise NotFound(f"no workspace {workspace_id} (or it was deleted)")
-        return Ingestion.from_row(row)
+        return queued
 
     def ingest_paths(self, paths: Sequence[str | Path], workspace_id: int) -> IngestedPaths:
         """Queue the ingestion of each file of ``paths`` into a workspace, as :meth:`ingest`
@@ -80,13 +78,12 @@ class IngestionsApi:
         return IngestedPaths(queued, found.skipped)
 
     def ingestion(self, ingestion_id: int) -> Ingestion:
-        with self.pool.connection() as conn:
-            row = store.get(conn, ingestion_id, self._workspace_id)
-        if row is None:
+        found = self._ingestions.get(ingestion_id, self._workspace_id)
+        if found is None:
             raise NotFound(
                 f"no ingestion {ingestion_id}; list them with `connector-sync ingestions list`"
             )
-        return Ingestion.from_row(row)
+        return found
 
     def ingestions(
         self,
@@ -103,28 +100,24 @@ class IngestionsApi:
             except ValueError:
                 allowed = ", ".join(s.value for s in IngestionStatus)
                 raise InvalidInput(f"status must be one of {allowed}") from None
-        with self.pool.connection() as conn:
-            rows = store.listing(
-                conn,
-                workspace_id=self._scope_of(workspace_id),
-                status=status.value if status else None,
-                archive_id=archive_id,
-                limit=max(1, min(limit, MAX_LIMIT)),
-            )
-        return [Ingestion.from_row(r) for r in rows]
+        return self._ingestions.listing(
+            workspace_id=self._scope_of(workspace_id),
+            status=status,
+            archive_id=archive_id,
+            limit=max(1, min(limit, MAX_LIMIT)),
+        )
 
     def cancel_ingestion(self, ingestion_id: int) -> Ingestion:
         """Cancel a queued ingestion at once, or ask a running one to stop: its worker ends it
         before it writes another batch."""
-        with self.pool.connection() as conn:
-            row = store.cancel(conn, ingestion_id, self._workspace_id)
-        if row is None:
+        cancelled = self._ingestions.cancel(ingestion_id, self._workspace_id)
+        if cancelled is None:
             current = self.ingestion(ingestion_id)  # raises NotFound
             raise Conflict(
                 f"ingestion {ingestion_id} has already ended ({current.status}); only a queued "
                 "or running ingestion can be cancelled"
             )
-        return Ingestion.from_row(row)
+        return cancelled
 
     def search(
         self, query: str, workspace_id: int | None = None, *, limit: int = 10
@@ -145,8 +138,8 @@ class IngestionsApi:
         embedder = embedder_from(self.settings)
         try:
             with self.pool.connection() as conn:
-                hits = search_chunks(conn, workspace, query, embedder, limit=limit)
-                counted = store.documents_by_settings(conn, workspace)
+                hits = DocumentStore(conn).search(workspace, query, embedder, limit=limit)
+            counted = self._ingestions.documents_by_settings(workspace)
         except ConnectorError as exc:
             raise EndpointFailed(
                 f"the query could not be embedded: {redact.redact(exc.message)}"
@@ -155,11 +148,11 @@ class IngestionsApi:
             close_embedder(embedder)
         others: dict[str, list[int]] = {}
         for row in counted:
-            model = model_of(row["indexed_with"])
+            model = model_of(row.indexed_with)
             if model != embedder.model:
                 total = others.setdefault(model, [0, 0])
-                total[0] += row["documents"]
-                total[1] += row["chunks"]
+                total[0] += row.documents
+                total[1] += row.chunks
         return SearchResults(
             hits=tuple(hits),
             workspace_id=workspace,
@@ -178,8 +171,7 @@ class IngestionsApi:
         embedder = embedder_from(self.settings)
         close_embedder(embedder)
         fingerprint = indexed_with(embedder, DocumentLimits())
-        with self.pool.connection() as conn:
-            return store.queue_reindex(conn, workspace, fingerprint, self.settings.max_attempts)
+        return self._ingestions.queue_reindex(workspace, fingerprint, self.settings.max_attempts)
 
     def _scope_of(self, workspace_id: int | None) -> int | None:
         if self._workspace_id is None:

@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
-from typing import Any
 
 from sync.base.abort import AbortSignal
 from sync.base.secrets import SecretBox
 from sync.base.settings import Settings
 from sync.documents import DocumentLimits, Embedder, expand_zip
-from sync.ingestions import store
 from sync.ingestions.job import indexed_with
+from sync.ingestions.models import IngestionStatus
+from sync.ingestions.rows import ClaimedIngestion, Member
 from sync.ingestions.sources import Source, SourceGone, member_name
+from sync.ingestions.store import IngestionStore
 from sync.jobs.log import Logger
-from sync.store.db import Pool
 from sync.vocabulary import ErrorKind, JobError
 
 log = logging.getLogger("sync.ingestions")
@@ -37,25 +37,25 @@ class ArchiveJob:
     def __init__(
         self,
         *,
-        pool: Pool,
+        store: IngestionStore,
         settings: Settings,
         secrets: SecretBox | None,
         embedder: Embedder,
         limits: DocumentLimits,
     ) -> None:
-        self._pool = pool
+        self._store = store
         self._settings = settings
         self._secrets = secrets
         self.embedder = embedder
         self.limits = limits
 
-    def work(self, job: dict[str, Any], abort: AbortSignal, logger: Logger) -> str:
+    def work(self, job: ClaimedIngestion, abort: AbortSignal, logger: Logger) -> str:
         """One attempt of a claimed expansion, to its end: ``ready``, ``cancelled`` (a cancel
         came meanwhile) or ``lost`` (another worker took it over), each written here, guarded
         by its ``processing_since``. What ended it early is raised, for the kind's decision."""
         source = Source(
             job,
-            pool=self._pool,
+            store=self._store,
             secrets=self._secrets,
             limits=self.limits,
             stopper=abort,
@@ -63,11 +63,12 @@ class ArchiveJob:
             logger=logger,
             lease=None,
         )
-        return self._expand(job, job["processing_since"], source, abort, logger)
+        assert job.processing_since is not None  # stamped by the expansion's claim
+        return self._expand(job, job.processing_since, source, abort, logger)
 
     def _expand(
         self,
-        job: dict[str, Any],
+        job: ClaimedIngestion,
         since: datetime,
         source: Source,
         stopper: AbortSignal,
@@ -76,44 +77,39 @@ class ArchiveJob:
         info = source.describe()
         if info is None:
             raise SourceGone("the record is no longer a file")
-        members: list[store.Member] = []
+        members: list[Member] = []
         expanded = 0
         with source.bytes_of_file() as spooled:
             for member in expand_zip(spooled.path, self.limits, name=info.name):
                 stopper.check()
-                members.append(
-                    store.Member(member.path, member.content.sha256, member_name(member.path))
-                )
+                members.append(Member(member.path, member.content.sha256, member_name(member.path)))
                 expanded += member.size
             sha256 = spooled.sha256
-        with self._pool.connection() as conn:
-            finished, queued = store.expand_archive(
-                conn,
-                job["id"],
-                since,
-                members=members,
-                name=info.name,
-                scope=info.scope,
-                archive_sha256=sha256,
-                indexed_with=indexed_with(self.embedder, self.limits),
-                results={"members": len(members), "expanded_bytes": expanded},
+        expansion = self._store.expand_archive(
+            job.id,
+            since,
+            members=members,
+            name=info.name,
+            scope=info.scope,
+            archive_sha256=sha256,
+            indexed_with=indexed_with(self.embedder, self.limits),
+            results={"members": len(members), "expanded_bytes": expanded},
+        )
+        if expansion.finished:
+            logger.info(
+                "%s expanded: %d member(s), %d queued for ingestion",
+                info.name,
+                len(members),
+                expansion.queued,
             )
-            if finished:
-                logger.info(
-                    "%s expanded: %d member(s), %d queued for ingestion",
-                    info.name,
-                    len(members),
-                    queued,
-                )
-                return "ready"
-            # Not ours any more (reclaimed after processing_since), or cancelled meanwhile.
-            if store.end_archive(
-                conn,
-                job["id"],
-                since,
-                "cancelled",
-                error=JobError(ErrorKind.CANCELLED, "a cancel was requested").to_json(),
-            ):
-                return "cancelled"
+            return "ready"
+        # Not ours any more (reclaimed after processing_since), or cancelled meanwhile.
+        if self._store.end_archive(
+            job.id,
+            since,
+            IngestionStatus.CANCELLED,
+            error=JobError(ErrorKind.CANCELLED, "a cancel was requested"),
+        ):
+            return "cancelled"
         logger.warning("the expansion was taken over by another worker; it writes nothing")
         return "lost"

@@ -23,8 +23,7 @@ from connectors.context import CachedResponse
 from connectors.errors import PermanentError
 from sync.base.abort import AbortSignal
 from sync.base.secrets import SecretBox
-from sync.errors import LeaseLost
-from sync.ingestions import store
+from sync.ingestions.store import IngestionStore
 from sync.jobs.budgets import SharedBudget, shared_key
 from sync.jobs.connectors import refresh_credentials
 from sync.jobs.lease import Lease
@@ -178,11 +177,7 @@ class IngestionContext:
             raise PermanentError("an archive expansion holds no lease to refresh credentials under")
 
         def lock(conn: Connection) -> bytes | None:
-            row = store.lock_credentials(conn, lease, self._connection_id)
-            if row is None:
-                raise LeaseLost()
-            stored: bytes | None = row["credentials"]
-            return stored
+            return IngestionStore.lock_credentials(conn, lease, self._connection_id)
 
         self._credentials = refresh_credentials(
             self._pool,

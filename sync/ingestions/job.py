@@ -33,15 +33,14 @@ from sync.documents import (
     SpooledFile,
     chunks,
     media_type_of,
-    upsert_chunks,
 )
-from sync.documents.store import delete_chunks_from
 from sync.errors import LeaseLost
-from sync.ingestions import store
 from sync.ingestions.context import EndpointContext
+from sync.ingestions.models import IngestionStatus
+from sync.ingestions.rows import ClaimedIngestion
 from sync.ingestions.sources import FileInfo, Source, SourceGone
+from sync.ingestions.store import IngestionStore
 from sync.jobs.log import Logger
-from sync.store.db import Pool
 from sync.store.rows import Lease
 
 log = logging.getLogger("sync.ingestions")
@@ -66,29 +65,29 @@ class DocumentJob:
     def __init__(
         self,
         *,
-        pool: Pool,
+        store: IngestionStore,
         settings: Settings,
         secrets: SecretBox | None,
         embedder: Embedder,
         endpoint: EndpointContext,
         limits: DocumentLimits,
     ) -> None:
-        self._pool = pool
+        self._store = store
         self._settings = settings
         self._secrets = secrets
         self.embedder = embedder
         self._endpoint = endpoint
         self.limits = limits
 
-    def work(self, job: dict[str, Any], abort: AbortSignal, logger: Logger) -> str:
+    def work(self, job: ClaimedIngestion, abort: AbortSignal, logger: Logger) -> str:
         """One attempt of a claimed ingestion, to its end: what became of it (``ready``,
         ``skipped``, ``archive``, or ``queued`` when the file changed while it was indexed),
         each written by the recipe, fenced by the ingestion's lease. What ended it early is
         raised, for the kind's decision."""
-        lease = store.owner_of(job)
+        lease = job.lease
         source = Source(
             job,
-            pool=self._pool,
+            store=self._store,
             secrets=self._secrets,
             limits=self.limits,
             stopper=abort,
@@ -98,9 +97,9 @@ class DocumentJob:
         )
         logger.info(
             "ingestion of %s started (attempt %d of %d)",
-            source.job["name"] or source.job["local_path"] or source.job["external_id"],
-            job["attempts"],
-            job["max_attempts"],
+            job.name or job.local_path or job.external_id,
+            job.attempts,
+            job.max_attempts,
         )
         with self._endpoint.serving(abort, logger):
             return self._attempt(job, lease, source, abort, logger)
@@ -109,7 +108,7 @@ class DocumentJob:
 
     def _attempt(
         self,
-        job: dict[str, Any],
+        job: ClaimedIngestion,
         lease: Lease,
         source: Source,
         stopper: AbortSignal,
@@ -117,49 +116,39 @@ class DocumentJob:
     ) -> str:
         info = source.describe()
         if info is None:
-            with self._pool.connection() as conn:
-                store.end(conn, lease, "skipped", results={"skipped": "the record is not a file"})
+            skipped = {"skipped": "the record is not a file"}
+            self._store.end(lease, IngestionStatus.SKIPPED, results=skipped)
             logger.info("skipped: the record is not a file")
             return "skipped"
-        if not job["member_path"] and info.is_archive:
-            with self._pool.connection() as conn:
-                if not store.hand_over_to_archive(conn, lease, name=info.name, scope=info.scope):
-                    raise LeaseLost()
+        if not job.member_path and info.is_archive:
+            if not self._store.hand_over_to_archive(lease, name=info.name, scope=info.scope):
+                raise LeaseLost()
             logger.info("%s is an archive: handed to the archive expansion", info.name)
             return "archive"
         fingerprint = indexed_with(self.embedder, self.limits)
-        with self._pool.connection() as conn:
-            document = store.document_of(conn, job)
-        indexed = (
-            document is not None
-            and document["status"] == "ready"
-            and document["indexed_with"] == fingerprint
-        )
-        if (
-            indexed
-            and info.version is not None
-            and document
-            and document["version"] == info.version
-        ):
+        indexed = self._store.ready_document(job)
+        if indexed is not None and indexed.indexed_with != fingerprint:
+            indexed = None  # its chunks were made otherwise: nothing of them is reused
+        if indexed and info.version is not None and indexed.version == info.version:
             # Only the record changed (the file moved or was renamed): its chunks stand.
             logger.info("version %s is indexed already: no download", info.version)
             return self._finish(
-                job, lease, source, info, document["id"], document["content_sha256"],
-                document["chunks"], {"reused": True}, logger,
+                job, lease, source, info, indexed.id, indexed.content_sha256, indexed.chunks,
+                {"reused": True}, logger,
             )  # fmt: skip
         with source.bytes_to_index() as spooled:
             stopper.check()
-            if indexed and document and document["content_sha256"] == spooled.sha256:
+            if indexed and indexed.content_sha256 == spooled.sha256:
                 logger.info("these bytes are indexed already: nothing embedded")
                 return self._finish(
-                    job, lease, source, info, document["id"], spooled.sha256,
-                    document["chunks"], {"reused": True}, logger,
+                    job, lease, source, info, indexed.id, spooled.sha256, indexed.chunks,
+                    {"reused": True}, logger,
                 )  # fmt: skip
             return self._index(job, lease, source, info, spooled, stopper, logger)
 
     def _index(
         self,
-        job: dict[str, Any],
+        job: ClaimedIngestion,
         lease: Lease,
         source: Source,
         info: FileInfo,
@@ -177,18 +166,16 @@ class DocumentJob:
             if total % COUNT_CHECK_EVERY == 0:
                 stopper.check()
         pages = {"pages": counted.pages, "skipped_pages": counted.skipped_pages}
-        with self._pool.connection() as conn:
-            begun = store.begin(
-                conn,
-                lease,
-                name=info.name,
-                media_type=media.value,
-                scope=info.scope,
-                content_sha256=spooled.sha256,
-                indexed_with=indexed_with(self.embedder, self.limits),
-                total_units=total,
-                results=pages,
-            )
+        begun = self._store.begin(
+            lease,
+            name=info.name,
+            media_type=media.value,
+            scope=info.scope,
+            content_sha256=spooled.sha256,
+            indexed_with=indexed_with(self.embedder, self.limits),
+            total_units=total,
+            results=pages,
+        )
         if begun is None:
             raise LeaseLost()
         start = begun.processed_units
@@ -203,10 +190,7 @@ class DocumentJob:
         self._write_batches(
             lease, begun.document_id, spooled, media, info, start, total, stopper, logger
         )
-        with self._pool.connection() as conn, conn.transaction():
-            if not store.fence(conn, lease):
-                raise LeaseLost()
-            dropped = delete_chunks_from(conn, begun.document_id, total)
+        dropped = self._store.delete_tail(lease, begun.document_id, total)
         if dropped:
             logger.info("deleted %d chunk(s) past the new end of the document", dropped)
         return self._finish(
@@ -231,28 +215,30 @@ class DocumentJob:
         size = self._settings.ingestion_batch_size
         length = timedelta(seconds=self._settings.lease_seconds)
         processed = start
-        with self._pool.connection() as conn:
-            while True:
-                stopper.check()  # the control read: lost, cancelled, timed out, shutting down
-                batch = list(itertools.islice(made, size))
-                if not batch:
-                    return
-                vectors = self.embedder.embed([c.text for c in batch])
-                logger.info("embedded chunks %d-%d of %d", batch[0].index, batch[-1].index, total)
-                with conn.transaction():
-                    store.commit_asynchronously(conn)
-                    cancel = store.record_batch(conn, lease, processed + len(batch), length)
-                    if cancel is None:
-                        raise LeaseLost()
-                    if cancel:  # rolled back with this transaction: not a chunk more
-                        stopper.trip(AbortReason.CANCELLED)
-                        stopper.check()
-                    upsert_chunks(conn, document_id, batch, vectors, model=self.embedder.model)
-                processed += len(batch)
+        while True:
+            stopper.check()  # the control read: lost, cancelled, timed out, shutting down
+            batch = list(itertools.islice(made, size))
+            if not batch:
+                return
+            vectors = self.embedder.embed([c.text for c in batch])
+            logger.info("embedded chunks %d-%d of %d", batch[0].index, batch[-1].index, total)
+            cancelled = self._store.write_batch(
+                lease,
+                document_id=document_id,
+                chunks=batch,
+                vectors=vectors,
+                model=self.embedder.model,
+                processed_units=processed + len(batch),
+                length=length,
+            )
+            if cancelled:  # nothing of the batch was written
+                stopper.trip(AbortReason.CANCELLED)
+                stopper.check()
+            processed += len(batch)
 
     def _finish(
         self,
-        job: dict[str, Any],
+        job: ClaimedIngestion,
         lease: Lease,
         source: Source,
         info: FileInfo,
@@ -271,8 +257,7 @@ class DocumentJob:
             if current.record_hash != info.record_hash:
                 if current.version is None or current.version != info.version:
                     # The content may have changed meanwhile: the next attempt sees its bytes.
-                    with self._pool.connection() as conn:
-                        store.hand_back(conn, lease)
+                    self._store.hand_back(lease)
                     logger.info("the file changed while it was indexed: queued again")
                     return "queued"
                 if current.scope != info.scope:
@@ -285,21 +270,19 @@ class DocumentJob:
             hashed = (
                 current.record_hash if current.record_hash is not None else bytes.fromhex(sha256)
             )
-            with self._pool.connection() as conn:
-                done = store.finish(
-                    conn,
-                    lease,
-                    document_id=document_id,
-                    record_hash=current.record_hash,
-                    name=current.name,
-                    scope=current.scope,
-                    version=info.version,
-                    content_sha256=sha256,
-                    source_hash=hashed,
-                    indexed_with=fingerprint,
-                    total_units=total,
-                    results=results,
-                )
+            done = self._store.finish(
+                lease,
+                document_id=document_id,
+                record_hash=current.record_hash,
+                name=current.name,
+                scope=current.scope,
+                version=info.version,
+                content_sha256=sha256,
+                source_hash=hashed,
+                indexed_with=fingerprint,
+                total_units=total,
+                results=results,
+            )
             if not done.fenced:
                 raise LeaseLost()
             if done.finished:
@@ -309,6 +292,5 @@ class DocumentJob:
                 info.name, info.scope, info.media_type, info.version, current.record_hash
             )
             # The record moved on between the read and the finish: read it again.
-        with self._pool.connection() as conn:
-            store.hand_back(conn, lease)
+        self._store.hand_back(lease)
         return "queued"

@@ -12,21 +12,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
+from sync.base.abort import AbortReason
 from sync.base.settings import Settings
 from sync.documents import DocumentLimits, Embedder
 from sync.documents.embedders import close_embedder, embedder_from
-from sync.ingestions import store
 from sync.ingestions.archives import ArchiveJob
 from sync.ingestions.context import EndpointContext
 from sync.ingestions.decisions import after_failure
 from sync.ingestions.job import DocumentJob
+from sync.ingestions.models import IngestionStatus
+from sync.ingestions.rows import ClaimedIngestion
+from sync.ingestions.store import IngestionStore
 from sync.jobs.kind import Handling, Hold, Kind, Labels
-from sync.jobs.lease import Terms
+from sync.jobs.lease import Control, LeaseKind, Terms
 from sync.jobs.outcome import Action, Outcome
 from sync.jobs.registry import SlotSpec, WorkerParts
-from sync.store.db import Pool, first_line
+from sync.store import Lease, RetryPolicy
+from sync.store.db import Connection, first_line
 from sync.vocabulary import ErrorKind, JobError
 
 # How a whole attempt ended, as the recipe wrote it: what it finished as, or what it did instead.
@@ -36,11 +39,23 @@ _ENDED = {
 }
 
 
+def read_ingestion_control(conn: Connection, lease: Lease) -> Control:
+    cancel = IngestionStore.control(conn, lease)
+    if cancel is None:
+        return Control(AbortReason.LEASE_LOST)
+    return Control(AbortReason.CANCELLED if cancel else None)
+
+
+INGESTION_LEASES = LeaseKind(
+    "ingestion", renew=IngestionStore.renew, control=read_ingestion_control
+)
+
+
 @dataclass(frozen=True)
 class Claimed:
     """A claimed ingestion (its row, with its connection's), or an archive expansion."""
 
-    row: dict[str, Any]
+    row: ClaimedIngestion
     archive: bool
 
 
@@ -52,11 +67,14 @@ class Handled:
 
 class Ingestions(Kind[Claimed, Handled]):
     name = "ingestion"
-    lease_kind = store.INGESTIONS
+    lease_kind = INGESTION_LEASES
 
     def __init__(self, parts: WorkerParts) -> None:
-        self._pool: Pool = parts.pool
         self._settings: Settings = parts.settings
+        # An end is repeated while its connection is lost for most of a lease: the lease
+        # keeper stops the attempt before the lease runs out.
+        within = parts.settings.lease_seconds * 0.8
+        self.store = IngestionStore(parts.pool, retry=RetryPolicy(within=within))
         self._worker_id = parts.worker_id
         self._providers = list(parts.providers)
         # The embedder of new chunks (CONNECTOR_SYNC_EMBEDDER), whose requests serve the attempt
@@ -68,13 +86,12 @@ class Ingestions(Kind[Claimed, Handled]):
 
     def claim(self, limit: int) -> Sequence[Claimed]:
         s = self._settings
-        with self._pool.connection() as conn:
-            reclaim = timedelta(seconds=s.archive_reclaim_seconds)
-            archive = store.claim_archive(conn, self._worker_id, reclaim, self._providers)
-            if archive is not None:
-                return [Claimed(archive, archive=True)]
-            lease = timedelta(seconds=s.lease_seconds)
-            document = store.claim_document(conn, self._worker_id, lease, self._providers)
+        reclaim = timedelta(seconds=s.archive_reclaim_seconds)
+        archive = self.store.claim_archive(self._worker_id, reclaim, self._providers)
+        if archive is not None:
+            return [Claimed(archive, archive=True)]
+        lease = timedelta(seconds=s.lease_seconds)
+        document = self.store.claim_document(self._worker_id, lease, self._providers)
         return [Claimed(document, archive=False)] if document is not None else []
 
     def holds(self, unit: Claimed) -> Sequence[Hold]:
@@ -82,12 +99,12 @@ class Ingestions(Kind[Claimed, Handled]):
             return []
         s = self._settings
         terms = Terms(s.lease_seconds, s.control_interval, s.ingestion_timeout_seconds)
-        return [Hold(store.owner_of(unit.row), terms)]
+        return [Hold(unit.row.lease, terms)]
 
     def labels(self, unit: Claimed) -> Labels:
         row = unit.row
-        ids = {"archive" if unit.archive else "ingestion": row["id"], "attempt": row["attempts"]}
-        return Labels(ids, row.get("provider") or "local")
+        ids = {"archive" if unit.archive else "ingestion": row.id, "attempt": row.attempts}
+        return Labels(ids, row.provider or "local")
 
     def handle(self, unit: Claimed, handling: Handling) -> Handled:
         recipe = self._archive() if unit.archive else self._document()
@@ -104,8 +121,8 @@ class Ingestions(Kind[Claimed, Handled]):
         outcome = after_failure(
             handled.error,
             abort=handling.abort.reason,
-            attempts=unit.row["attempts"],
-            max_attempts=unit.row["max_attempts"],
+            attempts=unit.row.attempts,
+            max_attempts=unit.row.max_attempts,
             schedule=s.backoff_seconds,
             jitter=s.backoff_jitter,
         )
@@ -124,11 +141,10 @@ class Ingestions(Kind[Claimed, Handled]):
             log.warning("stopped: the lease was lost, so this attempt writes nothing more")
             return
         try:
-            with self._pool.connection() as conn:
-                if unit.archive:
-                    _end_archive(conn, unit.row, outcome)
-                else:
-                    _end_document(conn, unit.row, outcome)
+            if unit.archive:
+                self._end_archive(unit.row, outcome)
+            else:
+                self._end_document(unit.row, outcome)
         except Exception as exc:  # its lease runs out (or its stamp ages) and it is taken again
             log.warning("could not record how the attempt ended: %s", first_line(exc))
             return
@@ -140,18 +156,17 @@ class Ingestions(Kind[Claimed, Handled]):
             log.info("retrying in %.1f s: %s", outcome.delay or 0.0, _message(outcome.error))
 
     def hand_back(self, unit: Claimed) -> None:
-        with self._pool.connection() as conn:
-            if unit.archive:
-                _end_archive(conn, unit.row, Outcome(Action.HAND_BACK))
-            else:
-                store.hand_back(conn, store.owner_of(unit.row))
+        if unit.archive:
+            self._end_archive(unit.row, Outcome(Action.HAND_BACK), closing=True)
+        else:
+            self.store.hand_back(unit.row.lease, closing=True)
 
     def stop(self) -> None:
         close_embedder(self.embedder)
 
     def _document(self) -> DocumentJob:
         return DocumentJob(
-            pool=self._pool,
+            store=self.store,
             settings=self._settings,
             secrets=self._secrets,
             embedder=self.embedder,
@@ -161,52 +176,52 @@ class Ingestions(Kind[Claimed, Handled]):
 
     def _archive(self) -> ArchiveJob:
         return ArchiveJob(
-            pool=self._pool,
+            store=self.store,
             settings=self._settings,
             secrets=self._secrets,
             embedder=self.embedder,
             limits=self.limits,
         )
 
+    def _end_document(self, row: ClaimedIngestion, outcome: Outcome) -> None:
+        if outcome.action is Action.HAND_BACK:
+            self.store.hand_back(row.lease)
+        elif outcome.action in (Action.REQUEUE, Action.WAIT):
+            assert outcome.error is not None  # every retry says what failed
+            self.store.requeue(
+                row.lease,
+                outcome.delay or 0.0,
+                outcome.error,
+                spend_attempt=outcome.action is Action.REQUEUE,
+            )
+        else:
+            self.store.end(row.lease, _status(outcome), error=outcome.error)
 
-def _error(outcome: Outcome) -> dict[str, Any] | None:
-    return outcome.error.to_json() if outcome.error is not None else None
+    def _end_archive(
+        self, row: ClaimedIngestion, outcome: Outcome, *, closing: bool = False
+    ) -> None:
+        since = row.processing_since
+        assert since is not None  # an expansion's claim stamps it
+        if outcome.action is Action.FINISH:
+            self.store.end_archive(row.id, since, _status(outcome), error=outcome.error)
+            return
+        self.store.end_archive(
+            row.id,
+            since,
+            IngestionStatus.QUEUED,
+            error=outcome.error,
+            delay_seconds=outcome.delay or 0.0,
+            spend_attempt=outcome.action is Action.REQUEUE,
+            closing=closing,
+        )
+
+
+def _status(outcome: Outcome) -> IngestionStatus:
+    return IngestionStatus(outcome.status or IngestionStatus.FAILED)
 
 
 def _message(error: JobError | None) -> str:
     return error.message if error is not None else ""
-
-
-def _end_document(conn: Any, row: dict[str, Any], outcome: Outcome) -> None:
-    lease = store.owner_of(row)
-    if outcome.action is Action.HAND_BACK:
-        store.hand_back(conn, lease)
-    elif outcome.action in (Action.REQUEUE, Action.WAIT):
-        store.requeue(
-            conn,
-            lease,
-            outcome.delay or 0.0,
-            _error(outcome) or {},
-            spend_attempt=outcome.action is Action.REQUEUE,
-        )
-    else:
-        store.end(conn, lease, outcome.status or "failed", error=_error(outcome))
-
-
-def _end_archive(conn: Any, row: dict[str, Any], outcome: Outcome) -> None:
-    since = row["processing_since"]
-    if outcome.action is Action.FINISH:
-        store.end_archive(conn, row["id"], since, outcome.status or "failed", error=_error(outcome))
-        return
-    store.end_archive(
-        conn,
-        row["id"],
-        since,
-        "queued",
-        error=_error(outcome),
-        delay_seconds=outcome.delay or 0.0,
-        spend_attempt=outcome.action is Action.REQUEUE,
-    )
 
 
 def slots(parts: WorkerParts) -> Sequence[SlotSpec]:

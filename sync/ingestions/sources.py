@@ -28,11 +28,11 @@ from connectors.base import Connector, Table
 from connectors.errors import PermanentError
 from sync.base.secrets import SecretBox
 from sync.documents import DocumentLimits, SpooledFile, expand_zip, spool
-from sync.ingestions import store
 from sync.ingestions.context import AbortSignal, IngestionContext
+from sync.ingestions.rows import ClaimedIngestion, FileRecord
+from sync.ingestions.store import IngestionStore
 from sync.jobs.connectors import connector_inputs
 from sync.jobs.lease import Lease
-from sync.store.db import Pool
 
 ARCHIVE_TYPES = frozenset({"application/zip", "application/x-zip-compressed"})
 
@@ -63,13 +63,13 @@ def member_name(path: str) -> str:
 
 
 class Source:
-    """The source of one claimed ingestion (a row of ``claim_ingestion``/``claim_archive``)."""
+    """The source of one claimed ingestion (or archive expansion)."""
 
     def __init__(
         self,
-        job: dict[str, Any],
+        job: ClaimedIngestion,
         *,
-        pool: Pool,
+        store: IngestionStore,
         secrets: SecretBox | None,
         limits: DocumentLimits,
         stopper: AbortSignal,
@@ -78,7 +78,7 @@ class Source:
         lease: Lease | None,
     ) -> None:
         self.job = job
-        self._pool = pool
+        self._store = store
         self._secrets = secrets
         self._limits = limits
         self._stopper = stopper
@@ -90,7 +90,7 @@ class Source:
 
     @property
     def is_local(self) -> bool:
-        return bool(self.job["source"] == "local")
+        return self.job.source == "local"
 
     # -- what the file is --------------------------------------------------------------------
 
@@ -98,50 +98,54 @@ class Source:
         """The file as it is now; None for a record that is not a file (a folder). Raises
         :class:`SourceGone` for a deleted file or connection."""
         job = self.job
-        member = job["member_path"]
+        member = job.member_path
         if self.is_local:
-            name = member_name(member) if member else Path(job["local_path"]).name
-            return FileInfo(name, job["scope"], None, None, None)
-        if job["connection_id"] is None or job["connection_status"] in (None, "deleting"):
+            assert job.local_path is not None
+            name = member_name(member) if member else Path(job.local_path).name
+            return FileInfo(name, job.scope, None, None, None)
+        if job.connection_id is None or job.connection_status in (None, "deleting"):
             raise SourceGone("the file's connection was deleted")
-        with self._pool.connection() as conn:
-            record = store.file_record(
-                conn, job["connection_id"], job["table_name"], job["external_id"]
-            )
-        if record is None or record["deleted_at"] is not None:
-            raise SourceGone("the file was deleted upstream")
+        record = self._record()
         cls, _, _ = self._inputs()
-        described = cls.describe_file(self.table(), record["data"])
+        described = cls.describe_file(self.table(), record.data)
         if described is None:
             return None
         if member:
-            return FileInfo(
-                member_name(member), described.scope, None, None, bytes(record["content_hash"])
-            )
+            return FileInfo(member_name(member), described.scope, None, None, record.content_hash)
         return FileInfo(
             described.name,
             described.scope,
             described.media_type,
             described.version,
-            bytes(record["content_hash"]),
+            record.content_hash,
         )
+
+    def _record(self) -> FileRecord:
+        """The file's stored record; :class:`SourceGone` when it is tombstoned or purged."""
+        job = self.job
+        assert job.connection_id is not None  # checked by describe()
+        assert job.table_name is not None and job.external_id is not None
+        record = self._store.file_record(job.connection_id, job.table_name, job.external_id)
+        if record is None or record.deleted_at is not None:
+            raise SourceGone("the file was deleted upstream")
+        return record
 
     def _inputs(self) -> tuple[type[Connector], Any, dict[str, Any]]:
         if self._connector is None:
             job = self.job
+            assert job.provider is not None  # a synced file's connection
             self._connector = connector_inputs(
-                job["provider"], job["config"], job["credentials"], self._secrets
+                job.provider, job.config, job.credentials, self._secrets
             )
         return self._connector
 
     def table(self) -> Table:
         cls, _, _ = self._inputs()
         for table in cls.tables:
-            if table.name == self.job["table_name"] and table.files:
+            if table.name == self.job.table_name and table.files:
                 return table
         raise PermanentError(
-            f"provider {self.job['provider']} has no files table {self.job['table_name']!r} "
-            "any more"
+            f"provider {self.job.provider} has no files table {self.job.table_name!r} any more"
         )
 
     # -- its bytes ---------------------------------------------------------------------------
@@ -160,17 +164,17 @@ class Source:
     def bytes_to_index(self) -> Iterator[SpooledFile]:
         """The bytes this ingestion indexes: the file's, or its member's, decompressed from the
         archive whose bytes the expansion saw."""
-        member = self.job["member_path"]
+        member = self.job.member_path
         with self.bytes_of_file() as spooled:
             if not member:
                 yield spooled
                 return
-            if spooled.sha256 != self.job["archive_sha256"]:
+            if spooled.sha256 != self.job.archive_sha256:
                 raise SourceGone(
                     "the archive changed after it was expanded; its new version is expanded "
                     "again when it is synced"
                 )
-            name = self.job["name"] or member
+            name = self.job.name or member
             with contextlib.closing(expand_zip(spooled.path, self._limits, name=name)) as found:
                 for item in found:
                     self._stopper.check()
@@ -180,7 +184,8 @@ class Source:
             raise SourceGone(f"the archive no longer holds {member}")
 
     def _read_local(self) -> SpooledFile:
-        path = Path(self.job["local_path"])
+        assert self.job.local_path is not None
+        path = Path(self.job.local_path)
         try:
             with path.open("rb") as stream:
                 return spool(stream, max_bytes=self._limits.max_bytes, name=path.name)
@@ -192,35 +197,31 @@ class Source:
 
     def _download(self) -> SpooledFile:
         job = self.job
+        assert job.connection_id is not None and job.provider is not None
         cls, config, credentials = self._inputs()
         context = IngestionContext(
             lease=self._lease,
-            connection_id=job["connection_id"],
-            provider=job["provider"],
-            budget_key=job["budget_key"],
+            connection_id=job.connection_id,
+            provider=job.provider,
+            budget_key=job.budget_key,
             connector_class=cls,
             config=config,
             credentials=credentials,
             stopper=self._stopper,
-            pool=self._pool,
+            pool=self._store.pool,
             secrets=self._secrets,
             max_inline_wait=self._max_inline_wait,
             logger=self._logger,
         )
         self.context = context
-        with self._pool.connection() as conn:
-            record = store.file_record(
-                conn, job["connection_id"], job["table_name"], job["external_id"]
-            )
-        if record is None or record["deleted_at"] is not None:
-            raise SourceGone("the file was deleted upstream")
+        record = self._record()
         connector = cls(context)
         fd, raw = tempfile.mkstemp(prefix="connector-sync-", suffix=".download")
         path = Path(raw)
         try:
             with os.fdopen(fd, "w+b") as out:
                 got = connector.download(
-                    self.table(), record["data"], out, max_bytes=self._limits.max_bytes
+                    self.table(), record.data, out, max_bytes=self._limits.max_bytes
                 )
         except BaseException:
             path.unlink(missing_ok=True)

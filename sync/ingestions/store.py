@@ -1,174 +1,152 @@
-"""Every statement of ingestions, by name (``sql/ingestions.sql``), behind typed functions: the
-claims, the lease kind the worker's lease keeper holds ingestions with, the fenced writes of
-the recipe, the archive expansion's guarded writes, and what the API reads and cancels.
+"""Every statement of ingestions (``sql/ingestions.sql``) as typed methods with typed rows: the
+claims, the lease keeper's renew and control, the reads and fenced writes of the recipe, the
+archive expansion's guarded writes, and what the API queues, reads and cancels.
 
-None of the functions opens a transaction or commits; a caller that must make several
-statements one fenced unit (a batch: its checkpoint and its chunks) wraps them in
-``conn.transaction()``.
+Every method that borrows a connection from the pool repeats itself through the one
+:class:`~sync.store.retry.RetryPolicy`: a transient failure always (a batch, or the delete of a
+document's tail, as one transaction); a lost connection only for an end (finish, end, requeue,
+hand back, hand over to the archive kind, an expansion's write and end: fenced or guarded, so a
+second try of one that committed matches nothing), never for a claim. A failure of any other
+statement reaches the caller, which decides for the attempt. Methods that take a connection
+(``conn``) run on it: the lease keeper's own, or a transaction the caller holds.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-from uuid import UUID
 
+import psycopg
 from psycopg.types.json import Jsonb
 
-from sync.base.abort import AbortReason
-from sync.jobs.lease import Control, Lease, LeaseKind
+from sync.documents import Chunk, DocumentStore
+from sync.documents.embeddings import Vector
+from sync.errors import LeaseLost
+from sync.ingestions.models import Ingestion, IngestionStatus
+from sync.ingestions.rows import (
+    Begun,
+    ClaimedIngestion,
+    Expanded,
+    FileRecord,
+    Finished,
+    IndexedDocument,
+    IndexedWith,
+    Member,
+)
 from sync.store.db import Connection
+from sync.store.pooled import PooledStore
 from sync.store.queries import NamedQueries
-
-log = logging.getLogger("sync.ingestions")
-
+from sync.store.rows import Lease
+from sync.vocabulary import JobError
 
 INGESTION_QUERIES = NamedQueries("ingestions.sql")
 
 
-def _one(conn: Connection, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
-    row: dict[str, Any] | None = conn.execute(INGESTION_QUERIES[name], params).fetchone()
-    return row
-
-
-def _lease(lease: Lease) -> dict[str, Any]:
+def _fence(lease: Lease) -> dict[str, Any]:
     return {"ingestion_id": lease.id, "lease_owner": lease.owner}
 
 
-# -- the lease kind ----------------------------------------------------------------------------
+def _error(error: JobError | None) -> Jsonb | None:
+    return Jsonb(error.to_json()) if error is not None else None
 
 
-def renew(conn: Connection, lease: Lease, length: timedelta) -> bool:
-    """Extend an ingestion's lease; False means it is lost."""
-    return _one(conn, "renew_ingestion_lease", {**_lease(lease), "lease": length}) is not None
+def _providers(providers: Sequence[str] | None) -> list[str] | None:
+    return list(providers) if providers is not None else None
 
 
-def read_control(conn: Connection, lease: Lease) -> Control:
-    row = _one(conn, "read_ingestion_control", _lease(lease))
-    if row is None:
-        return Control(AbortReason.LEASE_LOST)
-    stop = AbortReason.CANCELLED if row["cancel_requested"] else None
-    return Control(stop)
+class IngestionStore(PooledStore):
+    """The ingestions' statements over a pool. ``workspace_id`` None in a method's parameters:
+    any workspace (an engine not scoped to one)."""
 
+    # -- the lease keeper's, on its own connection -------------------------------------------
 
-INGESTIONS = LeaseKind("ingestion", renew=renew, control=read_control)
+    @staticmethod
+    def renew(conn: Connection, lease: Lease, length: timedelta) -> bool:
+        """Extend an ingestion's lease; False means it is lost."""
+        params = {**_fence(lease), "lease": length}
+        return conn.execute(INGESTION_QUERIES.renew_ingestion_lease, params).fetchone() is not None
 
+    @staticmethod
+    def control(conn: Connection, lease: Lease) -> bool | None:
+        """Whether the holder must stop (a cancel, or its file's connection is gone); None: the
+        lease is lost."""
+        row = conn.execute(INGESTION_QUERIES.read_ingestion_control, _fence(lease)).fetchone()
+        return None if row is None else bool(row["cancel_requested"])
 
-# -- queueing ----------------------------------------------------------------------------------
+    # -- claims ----------------------------------------------------------------------------
 
+    def claim_document(
+        self, worker_id: str, lease: timedelta, providers: Sequence[str] | None
+    ) -> ClaimedIngestion | None:
+        """A document ingestion, now running under a fresh lease owner; None: none is due."""
+        params = {"worker_id": worker_id, "lease": lease, "providers": _providers(providers)}
+        return self._claimed(INGESTION_QUERIES.claim_ingestion, params)
 
-def queue_local_ingestion(
-    conn: Connection,
-    *,
-    workspace_id: int,
-    path: str,
-    name: str,
-    scope: str,
-    sha256: str,
-    max_attempts: int,
-) -> dict[str, Any] | None:
-    """A queued ingestion of a local file (or the one already pending for that path); None if
-    the workspace does not exist or is deleted."""
-    return _one(
-        conn,
-        "queue_local_ingestion",
-        {
-            "workspace_id": workspace_id,
-            "path": path,
-            "name": name,
-            "scope": scope,
-            "source_hash": bytes.fromhex(sha256),
-            "max_attempts": max_attempts,
-        },
-    )
-
-
-# -- claims ------------------------------------------------------------------------------------
-
-
-def claim_document(
-    conn: Connection, worker_id: str, lease: timedelta, providers: Sequence[str] | None
-) -> dict[str, Any] | None:
-    return _one(
-        conn,
-        "claim_ingestion",
-        {
-            "worker_id": worker_id,
-            "lease": lease,
-            "providers": list(providers) if providers is not None else None,
-        },
-    )
-
-
-def claim_archive(
-    conn: Connection, worker_id: str, reclaim_after: timedelta, providers: Sequence[str] | None
-) -> dict[str, Any] | None:
-    return _one(
-        conn,
-        "claim_archive",
-        {
+    def claim_archive(
+        self, worker_id: str, reclaim_after: timedelta, providers: Sequence[str] | None
+    ) -> ClaimedIngestion | None:
+        """An archive to expand, stamped with a fresh ``processing_since``; None: none is
+        due."""
+        params = {
             "worker_id": worker_id,
             "reclaim_after": reclaim_after,
-            "providers": list(providers) if providers is not None else None,
-        },
-    )
+            "providers": _providers(providers),
+        }
+        return self._claimed(INGESTION_QUERIES.claim_archive, params)
 
+    def _claimed(self, query: Any, params: dict[str, Any]) -> ClaimedIngestion | None:
+        row = self._one(query, params)
+        return None if row is None else ClaimedIngestion.from_row(row)
 
-# -- reads of the recipe -----------------------------------------------------------------------
+    # -- reads of the recipe ---------------------------------------------------------------
 
+    def file_record(
+        self, connection_id: int, table_name: str, external_id: str
+    ) -> FileRecord | None:
+        """A synced file's stored record; None: never synced, or purged."""
+        params = {
+            "connection_id": connection_id,
+            "table_name": table_name,
+            "external_id": external_id,
+        }
+        row = self._one(INGESTION_QUERIES.file_record, params)
+        return None if row is None else FileRecord.from_row(row)
 
-def file_record(
-    conn: Connection, connection_id: int, table_name: str, external_id: str
-) -> dict[str, Any] | None:
-    return _one(
-        conn,
-        "file_record",
-        {"connection_id": connection_id, "table_name": table_name, "external_id": external_id},
-    )
+    def ready_document(self, job: ClaimedIngestion) -> IndexedDocument | None:
+        """The ready document the ingestion's file is indexed into, if it has one."""
+        params = {
+            "connection_id": job.connection_id,
+            "table_name": job.table_name,
+            "external_id": job.external_id,
+            "workspace_id": job.workspace_id,
+            "local_path": job.local_path,
+            "member_path": job.member_path,
+        }
+        row = self._one(INGESTION_QUERIES.document_of_source, params)
+        if row is None or row["status"] != "ready":
+            return None
+        return IndexedDocument.from_row(row)
 
+    # -- fenced writes ---------------------------------------------------------------------
 
-def document_of(conn: Connection, job: dict[str, Any]) -> dict[str, Any] | None:
-    """The document the ingestion's file is indexed into, if it has one yet."""
-    return _one(
-        conn,
-        "document_of_source",
-        {k: job[k] for k in ("connection_id", "table_name", "external_id", "workspace_id")}
-        | {"local_path": job["local_path"], "member_path": job["member_path"]},
-    )
-
-
-# -- fenced writes -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Begun:
-    document_id: int
-    processed_units: int  # where this attempt starts
-
-
-def begin(
-    conn: Connection,
-    lease: Lease,
-    *,
-    name: str,
-    media_type: str,
-    scope: str | None,
-    content_sha256: str,
-    indexed_with: str,
-    total_units: int,
-    results: dict[str, Any],
-) -> Begun | None:
-    """The attempt's first write: the document (made if need be) marked indexing, the file's
-    bytes, the settings it is indexed with and its chunk count recorded. None: the lease is
-    lost."""
-    row = _one(
-        conn,
-        "begin_ingestion",
-        {
-            **_lease(lease),
+    def begin(
+        self,
+        lease: Lease,
+        *,
+        name: str,
+        media_type: str,
+        scope: str | None,
+        content_sha256: str,
+        indexed_with: str,
+        total_units: int,
+        results: dict[str, Any],
+    ) -> Begun | None:
+        """The attempt's first write: the document (made if need be) marked indexing, the
+        file's bytes, the settings it is indexed with and its chunk count recorded. None: the
+        lease is lost."""
+        params = {
+            **_fence(lease),
             "name": name,
             "media_type": media_type,
             "scope": scope,
@@ -176,60 +154,73 @@ def begin(
             "indexed_with": indexed_with,
             "total_units": total_units,
             "results": Jsonb(results),
-        },
-    )
-    if row is None:
-        return None
-    return Begun(int(row["document_id"]), int(row["processed_units"]))
+        }
+        row = self._one(INGESTION_QUERIES.begin_ingestion, params)
+        return None if row is None else Begun(int(row["document_id"]), int(row["processed_units"]))
 
+    def write_batch(
+        self,
+        lease: Lease,
+        *,
+        document_id: int,
+        chunks: Sequence[Chunk],
+        vectors: Sequence[Vector],
+        model: str,
+        processed_units: int,
+        length: timedelta,
+    ) -> bool:
+        """One batch in one transaction: its fence and checkpoint first (the new
+        ``processed_units``, and the lease renewed to ``length`` from now), then its chunks.
+        True: a cancel was asked for, and nothing of the batch was written. Raises
+        :class:`LeaseLost` when the lease is lost (nothing written either)."""
+        params = {**_fence(lease), "processed_units": processed_units, "lease": length}
 
-def record_batch(
-    conn: Connection, lease: Lease, processed_units: int, length: timedelta
-) -> bool | None:
-    """A batch's fence and checkpoint, first in its transaction; it renews the lease to
-    ``length`` from now too. None: the lease is lost; True: a cancel was asked for (roll the
-    batch back and stop); False: write the batch."""
-    row = _one(
-        conn,
-        "record_ingestion_batch",
-        {**_lease(lease), "processed_units": processed_units, "lease": length},
-    )
-    if row is None:
-        return None
-    return bool(row["cancel_requested"])
+        def call(conn: Connection) -> bool:
+            with conn.transaction():
+                # A crash may lose the last batches, never a checkpoint without its chunks (see
+                # "Durability" in docs/architecture.md).
+                conn.execute(INGESTION_QUERIES.commit_asynchronously)
+                row = conn.execute(INGESTION_QUERIES.record_ingestion_batch, params).fetchone()
+                if row is None:
+                    raise LeaseLost()
+                if row["cancel_requested"]:
+                    raise psycopg.Rollback()  # not a chunk more
+                DocumentStore(conn).upsert_chunks(document_id, chunks, vectors, model=model)
+                return False
+            return True  # rolled back
 
+        return self._on_pool(call)
 
-def fence(conn: Connection, lease: Lease) -> bool:
-    """Lock the ingestion for a fenced write later in the transaction; False: lease lost."""
-    return _one(conn, "fence_ingestion", _lease(lease)) is not None
+    def delete_tail(self, lease: Lease, document_id: int, tail: int) -> int:
+        """Delete the document's chunks from index ``tail`` on (a longer earlier version's),
+        fenced; how many. Raises :class:`LeaseLost` when the lease is lost."""
 
+        def call(conn: Connection) -> int:
+            if conn.execute(INGESTION_QUERIES.fence_ingestion, _fence(lease)).fetchone() is None:
+                raise LeaseLost()
+            return DocumentStore(conn).delete_chunks_from(document_id, tail)
 
-@dataclass(frozen=True)
-class Finished:
-    fenced: bool  # False: the lease is lost
-    finished: bool  # False (fenced): the file changed or moved meanwhile; nothing marked ready
+        return self._in_transaction(call)
 
-
-def finish(
-    conn: Connection,
-    lease: Lease,
-    *,
-    document_id: int,
-    record_hash: bytes | None,
-    name: str,
-    scope: str | None,
-    version: str | None,
-    content_sha256: str,
-    source_hash: bytes,
-    indexed_with: str,
-    total_units: int,
-    results: dict[str, Any],
-) -> Finished:
-    row = _one(
-        conn,
-        "finish_ingestion",
-        {
-            **_lease(lease),
+    def finish(
+        self,
+        lease: Lease,
+        *,
+        document_id: int,
+        record_hash: bytes | None,
+        name: str,
+        scope: str | None,
+        version: str | None,
+        content_sha256: str,
+        source_hash: bytes,
+        indexed_with: str,
+        total_units: int,
+        results: dict[str, Any],
+    ) -> Finished:
+        """Mark the document ready, under the scope it was indexed for only while the file's
+        record is still the one described (``record_hash``)."""
+        params = {
+            **_fence(lease),
             "document_id": document_id,
             "record_hash": record_hash,
             "name": name,
@@ -240,98 +231,84 @@ def finish(
             "indexed_with": indexed_with,
             "total_units": total_units,
             "results": Jsonb(results),
-        },
-    )
-    assert row is not None
-    return Finished(bool(row["fenced"]), bool(row["finished"]))
+        }
+        row = self._one(INGESTION_QUERIES.finish_ingestion, params, idempotent=True)
+        assert row is not None  # a SELECT of counts: always one row
+        return Finished(bool(row["fenced"]), bool(row["finished"]))
 
+    def end(
+        self,
+        lease: Lease,
+        status: IngestionStatus,
+        *,
+        error: JobError | None = None,
+        results: dict[str, Any] | None = None,
+    ) -> bool:
+        """End the ingestion skipped, failed or cancelled; False: the lease is lost."""
+        params = {
+            **_fence(lease),
+            "status": status,
+            "error": _error(error),
+            "results": Jsonb(results or {}),
+        }
+        return self._one(INGESTION_QUERIES.end_ingestion, params, idempotent=True) is not None
 
-def end(
-    conn: Connection,
-    lease: Lease,
-    status: str,
-    *,
-    error: dict[str, Any] | None = None,
-    results: dict[str, Any] | None = None,
-) -> bool:
-    """End the ingestion skipped, failed or cancelled; False: the lease is lost."""
-    params = {
-        **_lease(lease),
-        "status": status,
-        "error": Jsonb(error) if error else None,
-        "results": Jsonb(results or {}),
-    }
-    return _one(conn, "end_ingestion", params) is not None
-
-
-def requeue(
-    conn: Connection,
-    lease: Lease,
-    delay_seconds: float,
-    error: dict[str, Any],
-    *,
-    spend_attempt: bool = True,
-) -> str | None:
-    """Back to the queue after ``delay_seconds`` (or cancelled, if a cancel came meanwhile);
-    the status it ended in, None if the lease is lost."""
-    row = _one(
-        conn,
-        "requeue_ingestion",
-        {
-            **_lease(lease),
+    def requeue(
+        self, lease: Lease, delay_seconds: float, error: JobError, *, spend_attempt: bool
+    ) -> str | None:
+        """Back to the queue after ``delay_seconds`` (or cancelled, if a cancel came
+        meanwhile); the status it ended in, None if the lease is lost."""
+        params = {
+            **_fence(lease),
             "delay_seconds": delay_seconds,
-            "error": Jsonb(error),
+            "error": Jsonb(error.to_json()),
             "spend_attempt": spend_attempt,
-        },
-    )
-    return row["status"] if row else None
+        }
+        row = self._one(INGESTION_QUERIES.requeue_ingestion, params, idempotent=True)
+        return None if row is None else str(row["status"])
 
+    def hand_back(self, lease: Lease, *, closing: bool = False) -> bool:
+        """Back to the queue at once without spending an attempt; False: the lease is lost.
+        ``closing``: the worker is closing and does not wait for the database, so a lost
+        connection is not repeated (the lease runs out)."""
+        query = INGESTION_QUERIES.hand_back_ingestion
+        return self._one(query, _fence(lease), idempotent=not closing) is not None
 
-def hand_back(conn: Connection, lease: Lease) -> bool:
-    return _one(conn, "hand_back_ingestion", _lease(lease)) is not None
+    def hand_over_to_archive(self, lease: Lease, *, name: str, scope: str | None) -> bool:
+        """The file is an archive: the same row queued as an archive expansion; False: the
+        lease is lost."""
+        params = {**_fence(lease), "name": name, "scope": scope}
+        return (
+            self._one(INGESTION_QUERIES.hand_over_to_archive, params, idempotent=True) is not None
+        )
 
+    @staticmethod
+    def lock_credentials(conn: Connection, lease: Lease, connection_id: int) -> bytes | None:
+        """Lock the file's connection row for a credential refresh, in the caller's transaction,
+        while the lease holds (raises :class:`LeaseLost` otherwise); its stored credentials."""
+        params = {**_fence(lease), "connection_id": connection_id}
+        row = conn.execute(INGESTION_QUERIES.lock_ingestion_credentials, params).fetchone()
+        if row is None:
+            raise LeaseLost()
+        credentials: bytes | None = row["credentials"]
+        return credentials
 
-def hand_over_to_archive(conn: Connection, lease: Lease, *, name: str, scope: str | None) -> bool:
-    return (
-        _one(conn, "hand_over_to_archive", {**_lease(lease), "name": name, "scope": scope})
-        is not None
-    )
+    # -- archive expansion (guarded by processing_since) -----------------------------------
 
-
-def lock_credentials(conn: Connection, lease: Lease, connection_id: int) -> dict[str, Any] | None:
-    return _one(
-        conn, "lock_ingestion_credentials", {**_lease(lease), "connection_id": connection_id}
-    )
-
-
-# -- archive expansion (guarded by processing_since) -------------------------------------------
-
-
-@dataclass(frozen=True)
-class Member:
-    path: str
-    sha256: str
-    name: str
-
-
-def expand_archive(
-    conn: Connection,
-    ingestion_id: int,
-    processing_since: datetime,
-    *,
-    members: Sequence[Member],
-    name: str,
-    scope: str | None,
-    archive_sha256: str,
-    indexed_with: str,
-    results: dict[str, Any],
-) -> tuple[bool, int]:
-    """Queue the members and mark the archive ready; (finished, members queued). Not finished:
-    the expansion was reclaimed by another worker, or cancelled."""
-    row = _one(
-        conn,
-        "expand_archive",
-        {
+    def expand_archive(
+        self,
+        ingestion_id: int,
+        processing_since: datetime,
+        *,
+        members: Sequence[Member],
+        name: str,
+        scope: str | None,
+        archive_sha256: str,
+        indexed_with: str,
+        results: dict[str, Any],
+    ) -> Expanded:
+        """Queue the members and mark the archive ready, guarded by ``processing_since``."""
+        params = {
             "ingestion_id": ingestion_id,
             "processing_since": processing_since,
             "paths": [m.path for m in members],
@@ -343,94 +320,102 @@ def expand_archive(
             "indexed_with": indexed_with,
             "members": len(members),
             "results": Jsonb(results),
-        },
-    )
-    assert row is not None
-    return bool(row["finished"]), int(row["queued"])
+        }
+        row = self._one(INGESTION_QUERIES.expand_archive, params, idempotent=True)
+        assert row is not None  # a SELECT of counts: always one row
+        return Expanded(bool(row["finished"]), int(row["queued"]))
 
-
-def end_archive(
-    conn: Connection,
-    ingestion_id: int,
-    processing_since: datetime,
-    status: str,
-    *,
-    error: dict[str, Any] | None = None,
-    delay_seconds: float = 0.0,
-    spend_attempt: bool = True,
-    results: dict[str, Any] | None = None,
-) -> bool:
-    """End an expansion (``failed``, ``cancelled``) or put it back (``queued``); False: it was
-    reclaimed meanwhile."""
-    row = _one(
-        conn,
-        "end_archive",
-        {
+    def end_archive(
+        self,
+        ingestion_id: int,
+        processing_since: datetime,
+        status: IngestionStatus,
+        *,
+        error: JobError | None = None,
+        delay_seconds: float = 0.0,
+        spend_attempt: bool = True,
+        closing: bool = False,
+    ) -> bool:
+        """End an expansion (``failed``, ``cancelled``) or put it back (``queued``); False: it
+        was reclaimed meanwhile. ``closing``: as for :meth:`hand_back`."""
+        params = {
             "ingestion_id": ingestion_id,
             "processing_since": processing_since,
             "status": status,
-            "error": Jsonb(error) if error else None,
+            "error": _error(error),
             "delay_seconds": delay_seconds,
             "spend_attempt": spend_attempt,
-            "results": Jsonb(results or {}),
-        },
-    )
-    return row is not None
+            "results": Jsonb({}),
+        }
+        return self._one(INGESTION_QUERIES.end_archive, params, idempotent=not closing) is not None
 
+    # -- the API's -------------------------------------------------------------------------
 
-# -- what the API reads ------------------------------------------------------------------------
+    def queue_local(
+        self,
+        *,
+        workspace_id: int,
+        path: str,
+        name: str,
+        scope: str,
+        sha256: str,
+        max_attempts: int,
+    ) -> Ingestion | None:
+        """A queued ingestion of a local file (or the one already pending for that path); None
+        if the workspace does not exist or is deleted."""
+        params = {
+            "workspace_id": workspace_id,
+            "path": path,
+            "name": name,
+            "scope": scope,
+            "source_hash": bytes.fromhex(sha256),
+            "max_attempts": max_attempts,
+        }
+        return self._ingestion(INGESTION_QUERIES.queue_local_ingestion, params)
 
+    def get(self, ingestion_id: int, workspace_id: int | None) -> Ingestion | None:
+        params = {"ingestion_id": ingestion_id, "workspace_id": workspace_id}
+        return self._ingestion(INGESTION_QUERIES.get_ingestion, params)
 
-def get(conn: Connection, ingestion_id: int, workspace_id: int | None) -> dict[str, Any] | None:
-    return _one(conn, "get_ingestion", {"ingestion_id": ingestion_id, "workspace_id": workspace_id})
+    def listing(
+        self,
+        *,
+        workspace_id: int | None,
+        status: IngestionStatus | None,
+        archive_id: int | None,
+        limit: int,
+    ) -> list[Ingestion]:
+        """Newest first; ``archive_id``: the members of that archive."""
+        params = {
+            "workspace_id": workspace_id,
+            "status": status,
+            "archive_id": archive_id,
+            "limit": limit,
+        }
+        return [Ingestion.from_row(r) for r in self._all(INGESTION_QUERIES.list_ingestions, params)]
 
+    def cancel(self, ingestion_id: int, workspace_id: int | None) -> Ingestion | None:
+        """Cancel a queued ingestion, or ask a running one to stop; None: neither (it ended,
+        or there is no such ingestion)."""
+        params = {"ingestion_id": ingestion_id, "workspace_id": workspace_id}
+        return self._ingestion(INGESTION_QUERIES.cancel_ingestion, params)
 
-def listing(
-    conn: Connection,
-    *,
-    workspace_id: int | None,
-    status: str | None,
-    archive_id: int | None,
-    limit: int,
-) -> list[dict[str, Any]]:
-    params = {
-        "workspace_id": workspace_id,
-        "status": status,
-        "archive_id": archive_id,
-        "limit": limit,
-    }
-    return conn.execute(INGESTION_QUERIES.list_ingestions, params).fetchall()
+    def _ingestion(self, query: Any, params: dict[str, Any]) -> Ingestion | None:
+        row = self._one(query, params)
+        return None if row is None else Ingestion.from_row(row)
 
+    def documents_by_settings(self, workspace_id: int) -> list[IndexedWith]:
+        """The workspace's ready documents with chunks, counted by what they were indexed
+        with."""
+        rows = self._all(INGESTION_QUERIES.documents_by_settings, {"workspace_id": workspace_id})
+        return [IndexedWith.from_row(r) for r in rows]
 
-def cancel(conn: Connection, ingestion_id: int, workspace_id: int | None) -> dict[str, Any] | None:
-    return _one(
-        conn, "cancel_ingestion", {"ingestion_id": ingestion_id, "workspace_id": workspace_id}
-    )
-
-
-def documents_by_settings(conn: Connection, workspace_id: int) -> list[dict[str, Any]]:
-    """The workspace's ready documents with chunks, counted by what they were indexed with."""
-    return conn.execute(
-        INGESTION_QUERIES.documents_by_settings, {"workspace_id": workspace_id}
-    ).fetchall()
-
-
-def queue_reindex(conn: Connection, workspace_id: int, indexed_with: str, max_attempts: int) -> int:
-    """Queue the files of the workspace indexed otherwise than ``indexed_with``; how many."""
-    params = {
-        "workspace_id": workspace_id,
-        "indexed_with": indexed_with,
-        "max_attempts": max_attempts,
-    }
-    return len(conn.execute(INGESTION_QUERIES.queue_reindex, params).fetchall())
-
-
-def owner_of(row: dict[str, Any]) -> Lease:
-    owner = row["lease_owner"]
-    assert isinstance(owner, UUID)
-    return Lease(int(row["id"]), owner)
-
-
-def commit_asynchronously(conn: Connection) -> None:
-    """For the rest of this transaction: see "Durability" in docs/architecture.md."""
-    conn.execute(INGESTION_QUERIES.commit_asynchronously)
+    def queue_reindex(self, workspace_id: int, indexed_with: str, max_attempts: int) -> int:
+        """Queue the files of the workspace indexed otherwise than ``indexed_with``; how
+        many."""
+        params = {
+            "workspace_id": workspace_id,
+            "indexed_with": indexed_with,
+            "max_attempts": max_attempts,
+        }
+        return len(self._all(INGESTION_QUERIES.queue_reindex, params))

@@ -34,8 +34,6 @@ log = logging.getLogger("sync.job")
 # graphile-worker's completeJobBatchDelay): short jobs return many times within it, so many share
 # one commit. A job's lease runs for seconds, so the wait changes nothing else.
 COMPLETION_DELAY = 0.002
-# Seconds before completions are tried again after a write failed (the database is down).
-RETRY_AFTER = 0.5
 
 
 def renew_job(conn: Connection, lease: Lease, seconds: timedelta) -> bool:
@@ -81,8 +79,10 @@ class Completions:
     """Completions of attempts whose handlers returned, written together: one thread flushes,
     in one statement, whatever the lanes handed over while its previous flush ran and within
     ``delay`` of the first of them (as graphile-worker batches its completions), so a lane
-    goes back to claiming at once and many short jobs share a commit. ``stop()`` writes what
-    is pending at once."""
+    goes back to claiming at once and many short jobs share a commit. A write that fails for a
+    passing reason is repeated by the store's :class:`~sync.store.retry.RetryPolicy`; one that
+    fails for good is left to the jobs' leases, which run out and let a claim run them again.
+    ``stop()`` writes what is pending at once."""
 
     def __init__(self, queues: PostgresQueues, delay: float = COMPLETION_DELAY) -> None:
         self._queues = queues
@@ -92,7 +92,6 @@ class Completions:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.flushes = 0
-        self.failures = 0
         self.flushed = TestSignal()  # emitted after each batch of completions is written
         # Emitted when a completion has come and the thread waits for others to join it.
         self.collecting = TestSignal()
@@ -128,18 +127,13 @@ class Completions:
                 batch, self._pending = self._pending, []
                 if not batch and self._stopping:
                     return
-            for attempt in range(3):
-                try:
-                    self._queues.complete_many(batch)
-                    self.flushes += 1
-                    self.flushed.emit()
-                    break
-                except Exception as exc:  # a lost connection: try again, then leave it
-                    self.failures += 1
-                    log.warning("completing %d job(s) failed: %s", len(batch), first_line(exc))
-                    if attempt == 2:  # their leases run out; a claim runs them again
-                        break
-                    time.sleep(RETRY_AFTER)
+            try:
+                self._queues.complete_many(batch)
+            except Exception as exc:  # their leases run out; a claim runs them again
+                log.warning("completing %d job(s) failed: %s", len(batch), first_line(exc))
+                continue
+            self.flushes += 1
+            self.flushed.emit()
 
 
 Unit = list[RunningJob]

@@ -44,7 +44,8 @@ from sync.queues.payloads import json_payload
 from sync.queues.port import BatchHandler, DeadHook, Handler, JobRunner, Queues
 from sync.queues.registry import HandlerRegistry, Registration
 from sync.queues.retries import fate_after
-from sync.queues.store import ClaimedJob, ConnectionSource, JobStore
+from sync.queues.store import ClaimedJob, JobStore, QueueChanges
+from sync.store.db import Pool
 
 log = logging.getLogger("sync.queues")
 
@@ -90,7 +91,7 @@ class PostgresQueues(Queues, JobRunner):
 
     def __init__(
         self,
-        pool: ConnectionSource,
+        pool: Pool,
         *,
         clock: Clock | None = None,
         rand: Callable[[], float] = random.random,
@@ -116,24 +117,23 @@ class PostgresQueues(Queues, JobRunner):
     # Declarations
 
     def declare_queue(self, spec: QueueSpec) -> QueueSpec:
-        with self.store.transaction() as conn:
-            if (
-                spec.dead_letter is not None
-                and self.store.get_queue(spec.dead_letter, conn) is None
-            ):
+        def declare(queues: QueueChanges) -> QueueSpec:
+            if spec.dead_letter is not None and queues.get_queue(spec.dead_letter) is None:
                 raise NotFound(
                     f"queue {spec.name!r} names dead-letter queue {spec.dead_letter!r}, which "
                     "does not exist; declare it first"
                 )
-            existing = self.store.lock_queue(conn, spec.name)
+            existing = queues.lock_queue(spec.name)
             if existing is not None and existing.policy is not spec.policy:
-                pending = self.store.count_pending(conn, spec.name)
+                pending = queues.count_pending(spec.name)
                 if pending:
                     raise Conflict(
                         f"queue {spec.name!r} has {pending} pending job(s); its policy can "
                         "change only while it has none"
                     )
-            return self.store.upsert_queue(conn, spec)
+            return queues.upsert_queue(spec)
+
+        return self.store.changing_queues(declare)
 
     def get_queue(self, name: str) -> QueueSpec:
         spec = self.store.get_queue(name)
@@ -145,22 +145,24 @@ class PostgresQueues(Queues, JobRunner):
         return self.store.list_queues()
 
     def delete_queue(self, name: str) -> None:
-        with self.store.transaction() as conn:
-            if self.store.lock_queue(conn, name) is None:
+        def delete(queues: QueueChanges) -> None:
+            if queues.lock_queue(name) is None:
                 raise NotFound(f"no queue named {name!r}; declare it first")
-            pending = self.store.count_pending(conn, name)
+            pending = queues.count_pending(name)
             if pending:
                 raise Conflict(
                     f"queue {name!r} has {pending} queued, retrying or active job(s); cancel "
                     "them or let them finish first"
                 )
-            users = self.store.dead_letter_users(conn, name)
+            users = queues.dead_letter_users(name)
             if users:
                 raise Conflict(
                     f"queue {name!r} is the dead-letter queue of {', '.join(users)}; give "
                     "them another one first"
                 )
-            self.store.delete_queue(conn, name)
+            queues.delete_queue(name)
+
+        self.store.changing_queues(delete)
 
     # Handlers
 
@@ -502,10 +504,11 @@ class PostgresQueues(Queues, JobRunner):
         return done
 
     def hand_back(self, attempt: RunningJob) -> bool:
-        """An attempt claimed but not run, or stopped by a graceful shutdown, back to its
-        queue without spending an attempt; False if it had lost the job already."""
+        """An attempt claimed but not run back to its queue, as the worker closes, without
+        spending an attempt; False if it had lost the job already."""
         self.forget([attempt])
-        return self.store.hand_back(attempt.job.id, attempt.lease_owner, self._now())
+        job, owner = attempt.job, attempt.lease_owner
+        return self.store.hand_back(job.id, owner, self._now(), closing=True)
 
     def run_due(self, *, limit: int = 1000) -> int:
         self.enqueue_due_schedules()

@@ -2,19 +2,24 @@
 ``sql/queues.sql``, taking typed arguments and returning typed rows. Nothing here decides
 anything; :class:`sync.queues.postgres.PostgresQueues` does, with the pure decisions.
 
+Every method that borrows a connection from the pool repeats itself through the one
+:class:`~sync.store.retry.RetryPolicy`: a transient failure always; a lost connection only for
+an attempt's end (complete, retry, bury, hand back: fenced by the attempt's token, so a second
+try of one that committed matches nothing), never for a claim or a send. A declaration or a
+deletion of a queue is one transaction (:meth:`JobStore.changing_queues`), repeated whole after
+a transient failure. Methods that take a connection (``conn``) run on it: the lease keeper's.
+
 ``now`` is the caller's clock (tests drive one) or None for the database's own time."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any, TypeVar
 from uuid import UUID
 
-from psycopg import Connection
 from psycopg.types.json import Jsonb
 
 from sync.queues.declarations import QueueSpec
@@ -27,17 +32,12 @@ from sync.queues.models import (
     QueueStats,
     Schedule,
 )
+from sync.store.db import Connection
+from sync.store.pooled import PooledStore
 from sync.store.queries import NamedQueries
 
 Row = dict[str, Any]
-
-
-class ConnectionSource(Protocol):
-    """Where connections come from: a psycopg pool of autocommit connections with dict rows and
-    the schema on their search_path (the engine's pool is one)."""
-
-    def connection(self, timeout: float | None = None) -> Any: ...
-
+T = TypeVar("T")
 
 QUEUE_QUERIES = NamedQueries("queues.sql")
 
@@ -124,60 +124,58 @@ def _schedule(row: Row) -> Schedule:
     )
 
 
-class JobStore:
-    def __init__(self, pool: ConnectionSource) -> None:
-        self._pool = pool
+class QueueChanges:
+    """The statements of a declaration or deletion of a queue, in the transaction of
+    :meth:`JobStore.changing_queues` on ``conn``."""
 
-    @contextmanager
-    def transaction(self) -> Iterator[Connection[Row]]:
-        with self._pool.connection() as conn, conn.transaction():
-            yield conn
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
 
-    def _one(
-        self, statement: str, conn: Connection[Row] | None = None, **params: Any
-    ) -> Row | None:
-        if conn is not None:
-            return conn.execute(QUEUE_QUERIES[statement], params).fetchone()
-        with self._pool.connection() as own:
-            row: Row | None = own.execute(QUEUE_QUERIES[statement], params).fetchone()
-            return row
-
-    def _all(self, statement: str, conn: Connection[Row] | None = None, **params: Any) -> list[Row]:
-        if conn is not None:
-            return conn.execute(QUEUE_QUERIES[statement], params).fetchall()
-        with self._pool.connection() as own:
-            rows: list[Row] = own.execute(QUEUE_QUERIES[statement], params).fetchall()
-            return rows
-
-    # Queues
-
-    def get_queue(self, name: str, conn: Connection[Row] | None = None) -> QueueSpec | None:
-        row = self._one("get_queue", conn, name=name)
+    def get_queue(self, name: str) -> QueueSpec | None:
+        row = self._conn.execute(QUEUE_QUERIES.get_queue, {"name": name}).fetchone()
         return None if row is None else spec_from_row(row)
 
-    def list_queues(self) -> list[QueueSpec]:
-        return [spec_from_row(r) for r in self._all("list_queues")]
-
-    def lock_queue(self, conn: Connection[Row], name: str) -> QueueSpec | None:
-        row = self._one("lock_queue", conn, name=name)
+    def lock_queue(self, name: str) -> QueueSpec | None:
+        row = self._conn.execute(QUEUE_QUERIES.lock_queue, {"name": name}).fetchone()
         return None if row is None else spec_from_row(row)
 
-    def count_pending(self, conn: Connection[Row], name: str) -> int:
-        row = self._one("count_pending", conn, name=name)
+    def count_pending(self, name: str) -> int:
+        row = self._conn.execute(QUEUE_QUERIES.count_pending, {"name": name}).fetchone()
         assert row is not None
         return int(row["pending"])
 
-    def dead_letter_users(self, conn: Connection[Row], name: str) -> list[str]:
-        return [r["name"] for r in self._all("dead_letter_users", conn, name=name)]
+    def dead_letter_users(self, name: str) -> list[str]:
+        rows = self._conn.execute(QUEUE_QUERIES.dead_letter_users, {"name": name}).fetchall()
+        return [r["name"] for r in rows]
 
-    def upsert_queue(self, conn: Connection[Row], spec: QueueSpec) -> QueueSpec:
-        row = self._one("upsert_queue", conn, **{**spec.model_dump(), "policy": spec.policy.value})
+    def upsert_queue(self, spec: QueueSpec) -> QueueSpec:
+        params = {**spec.model_dump(), "policy": spec.policy.value}
+        row = self._conn.execute(QUEUE_QUERIES.upsert_queue, params).fetchone()
         assert row is not None
         return spec_from_row(row)
 
-    def delete_queue(self, conn: Connection[Row], name: str) -> None:
-        conn.execute(QUEUE_QUERIES.delete_queue_jobs, {"name": name})
-        conn.execute(QUEUE_QUERIES.delete_queue, {"name": name})
+    def delete_queue(self, name: str) -> None:
+        self._conn.execute(QUEUE_QUERIES.delete_queue_jobs, {"name": name})
+        self._conn.execute(QUEUE_QUERIES.delete_queue, {"name": name})
+
+
+class JobStore(PooledStore):
+    """The application queues' statements over a pool."""
+
+    # Queues
+
+    def changing_queues(self, call: Callable[[QueueChanges], T]) -> T:
+        """``call`` in one transaction, repeated whole after a transient failure: it must do
+        nothing outside the database that a second try would do twice. An error it raises
+        rolls the transaction back and reaches the caller."""
+        return self._in_transaction(lambda conn: call(QueueChanges(conn)))
+
+    def get_queue(self, name: str) -> QueueSpec | None:
+        row = self._one(QUEUE_QUERIES.get_queue, {"name": name})
+        return None if row is None else spec_from_row(row)
+
+    def list_queues(self) -> list[QueueSpec]:
+        return [spec_from_row(r) for r in self._all(QUEUE_QUERIES.list_queues, {})]
 
     # Jobs
 
@@ -191,21 +189,25 @@ class JobStore:
         delay: float | None,
         at: datetime | None,
     ) -> SendResult:
-        row = self._one(
-            "send_job", queue=queue, payload=Jsonb(payload), key=key, now=now, delay=delay, at=at
-        )
+        params = {
+            "queue": queue,
+            "payload": Jsonb(payload),
+            "key": key,
+            "now": now,
+            "delay": delay,
+            "at": at,
+        }
+        row = self._one(QUEUE_QUERIES.send_job, params)
         assert row is not None
         return SendResult(row["job_id"], row["outcome"])
 
     def get_job(self, job_id: int) -> Job | None:
-        row = self._one("get_job", job_id=job_id)
+        row = self._one(QUEUE_QUERIES.get_job, {"job_id": job_id})
         return None if row is None else job_from_row(row)
 
     def list_jobs(self, queue: str | None, status: JobStatus | None, limit: int) -> list[Job]:
-        rows = self._all(
-            "list_jobs", queue=queue, status=status.value if status else None, limit=limit
-        )
-        return [job_from_row(r) for r in rows]
+        params = {"queue": queue, "status": status.value if status else None, "limit": limit}
+        return [job_from_row(r) for r in self._all(QUEUE_QUERIES.list_jobs, params)]
 
     def attempts(self, job_id: int) -> list[JobAttempt]:
         return [
@@ -218,13 +220,13 @@ class JobStore:
                 outcome=AttemptOutcome(r["outcome"]) if r["outcome"] else None,
                 error=r["error"],
             )
-            for r in self._all("job_attempts", job_id=job_id)
+            for r in self._all(QUEUE_QUERIES.job_attempts, {"job_id": job_id})
         ]
 
     def claim(
         self, queues: list[str], limit: int, lease: float, now: datetime | None
     ) -> list[ClaimedJob]:
-        rows = self._all("claim_jobs", queues=queues, limit=limit, lease=lease, now=now)
+        params = {"queues": queues, "limit": limit, "lease": lease, "now": now}
         return [
             ClaimedJob(
                 job=job_from_row(r),
@@ -237,52 +239,68 @@ class JobStore:
                     r["expire"],
                 ),
             )
-            for r in rows
+            for r in self._all(QUEUE_QUERIES.claim_jobs, params)
         ]
 
+    # An attempt's ends, each fenced by its token
+
     def complete(self, job_id: int, owner: UUID, now: datetime | None) -> bool:
-        return self._one("complete_attempt", job_id=job_id, lease_owner=owner, now=now) is not None
+        params = {"job_id": job_id, "lease_owner": owner, "now": now}
+        return self._one(QUEUE_QUERIES.complete_attempt, params, idempotent=True) is not None
 
     def complete_many(self, attempts: list[tuple[int, UUID]], now: datetime | None) -> set[int]:
         """Complete several attempts in one statement; the ids of the jobs it completed."""
-        rows = self._all(
-            "complete_attempts",
-            job_ids=[job_id for job_id, _ in attempts],
-            lease_owners=[owner for _, owner in attempts],
-            now=now,
-        )
+        params = {
+            "job_ids": [job_id for job_id, _ in attempts],
+            "lease_owners": [owner for _, owner in attempts],
+            "now": now,
+        }
+        rows = self._all(QUEUE_QUERIES.complete_attempts, params, idempotent=True)
         return {r["job_id"] for r in rows}
 
     def retry(
         self, job_id: int, owner: UUID, error: str, delay: float, now: datetime | None
     ) -> bool:
-        row = self._one(
-            "retry_attempt", job_id=job_id, lease_owner=owner, error=error, delay=delay, now=now
-        )
-        return row is not None
+        params = {
+            "job_id": job_id,
+            "lease_owner": owner,
+            "error": error,
+            "delay": delay,
+            "now": now,
+        }
+        return self._one(QUEUE_QUERIES.retry_attempt, params, idempotent=True) is not None
 
     def bury(self, job_id: int, owner: UUID, error: str, now: datetime | None) -> Job | None:
-        row = self._one("bury_attempt", job_id=job_id, lease_owner=owner, error=error, now=now)
+        params = {"job_id": job_id, "lease_owner": owner, "error": error, "now": now}
+        row = self._one(QUEUE_QUERIES.bury_attempt, params, idempotent=True)
         return None if row is None else job_from_row(row)
 
-    def hand_back(self, job_id: int, owner: UUID, now: datetime | None) -> bool:
-        return self._one("hand_back_attempt", job_id=job_id, lease_owner=owner, now=now) is not None
+    def hand_back(
+        self, job_id: int, owner: UUID, now: datetime | None, *, closing: bool = False
+    ) -> bool:
+        """Back to its queue without spending an attempt; False: the attempt lost the job.
+        ``closing``: the worker is closing and does not wait for the database, so a lost
+        connection is not repeated (the lease runs out)."""
+        params = {"job_id": job_id, "lease_owner": owner, "now": now}
+        query = QUEUE_QUERIES.hand_back_attempt
+        return self._one(query, params, idempotent=not closing) is not None
 
     def report_progress(
         self, job_id: int, owner: UUID, processed: int, total: int | None, now: datetime | None
     ) -> bool:
-        row = self._one(
-            "report_progress",
-            job_id=job_id,
-            lease_owner=owner,
-            processed=processed,
-            total=total,
-            now=now,
-        )
-        return row is not None
+        params = {
+            "job_id": job_id,
+            "lease_owner": owner,
+            "processed": processed,
+            "total": total,
+            "now": now,
+        }
+        return self._one(QUEUE_QUERIES.report_progress, params) is not None
+
+    # The lease keeper's, on its own connection
 
     @staticmethod
-    def renew(conn: Connection[Row], job_id: int, owner: UUID, lease: timedelta) -> bool:
+    def renew(conn: Connection, job_id: int, owner: UUID, lease: timedelta) -> bool:
         """Extend an attempt's lease on ``conn`` (the lease keeper's own); False if lost."""
         row = conn.execute(
             QUEUE_QUERIES.renew_job_lease, {"job_id": job_id, "lease_owner": owner, "lease": lease}
@@ -290,7 +308,7 @@ class JobStore:
         return row is not None
 
     @staticmethod
-    def control(conn: Connection[Row], job_id: int, owner: UUID) -> tuple[JobStatus, bool] | None:
+    def control(conn: Connection, job_id: int, owner: UUID) -> tuple[JobStatus, bool] | None:
         """The job's status and whether ``owner`` is its latest attempt's token."""
         row = conn.execute(
             QUEUE_QUERIES.read_job_control, {"job_id": job_id, "lease_owner": owner}
@@ -299,7 +317,7 @@ class JobStore:
 
     @staticmethod
     def renew_many(
-        conn: Connection[Row], leases: list[tuple[int, UUID, timedelta]]
+        conn: Connection, leases: list[tuple[int, UUID, timedelta]]
     ) -> set[tuple[int, UUID]]:
         """Extend many attempts' leases (job, token, length) in one statement on ``conn``; the
         (job, token) pairs renewed (the others are lost)."""
@@ -315,7 +333,7 @@ class JobStore:
 
     @staticmethod
     def control_many(
-        conn: Connection[Row], leases: list[tuple[int, UUID]]
+        conn: Connection, leases: list[tuple[int, UUID]]
     ) -> dict[tuple[int, UUID], tuple[JobStatus, bool] | None]:
         """:meth:`control` of many attempts (job, token) in one statement."""
         rows = conn.execute(
@@ -332,8 +350,10 @@ class JobStore:
             for r in rows
         }
 
+    # An operator's
+
     def cancel(self, job_id: int, now: datetime | None) -> Cancelled:
-        row = self._one("cancel_job", job_id=job_id, now=now)
+        row = self._one(QUEUE_QUERIES.cancel_job, {"job_id": job_id, "now": now})
         if row is None:
             return Cancelled(None, None, None)
         previous = JobStatus(row["previous"])
@@ -343,41 +363,38 @@ class JobStore:
         return Cancelled(previous, job_from_row(row), owner)
 
     def make_retrying_due(self, job_id: int, now: datetime | None) -> Job | None:
-        row = self._one("make_retrying_due", job_id=job_id, now=now)
+        row = self._one(QUEUE_QUERIES.make_retrying_due, {"job_id": job_id, "now": now})
         return None if row is None else job_from_row(row)
 
     def requeue(self, job_id: int, now: datetime | None) -> Job | None:
         """Raises psycopg's UniqueViolation when another pending job holds the slot."""
-        with self.transaction() as conn:
-            row = self._one("requeue_job", conn, job_id=job_id, now=now)
+        row = self._one(QUEUE_QUERIES.requeue_job, {"job_id": job_id, "now": now})
         return None if row is None else job_from_row(row)
 
     def slot_holder(self, queue: str, key: str | None) -> int | None:
-        row = self._one("slot_holder", queue=queue, key=key)
+        row = self._one(QUEUE_QUERIES.slot_holder, {"queue": queue, "key": key})
         return None if row is None else int(row["id"])
 
     def dead_jobs(self, queue: str) -> list[int]:
-        return [r["id"] for r in self._all("dead_jobs", queue=queue)]
+        return [r["id"] for r in self._all(QUEUE_QUERIES.dead_jobs, {"queue": queue})]
 
     # Cron
 
     def upsert_schedule(self, queue: str, cron: str, payload: Any, next_tick: datetime) -> Schedule:
-        row = self._one(
-            "upsert_schedule", queue=queue, cron=cron, payload=Jsonb(payload), next_tick=next_tick
-        )
+        params = {"queue": queue, "cron": cron, "payload": Jsonb(payload), "next_tick": next_tick}
+        row = self._one(QUEUE_QUERIES.upsert_schedule, params)
         assert row is not None
         return _schedule(row)
 
     def delete_schedule(self, queue: str) -> bool:
-        return self._one("delete_schedule", queue=queue) is not None
+        return self._one(QUEUE_QUERIES.delete_schedule, {"queue": queue}) is not None
 
     def list_schedules(self) -> list[Schedule]:
-        return [_schedule(r) for r in self._all("list_schedules")]
+        return [_schedule(r) for r in self._all(QUEUE_QUERIES.list_schedules, {})]
 
     def due_schedules(self, now: datetime | None) -> list[tuple[str, str, datetime]]:
-        return [
-            (r["queue"], r["cron"], r["next_tick"]) for r in self._all("due_schedules", now=now)
-        ]
+        rows = self._all(QUEUE_QUERIES.due_schedules, {"now": now})
+        return [(r["queue"], r["cron"], r["next_tick"]) for r in rows]
 
     def fire_schedule(
         self,
@@ -387,18 +404,18 @@ class JobStore:
         next_tick: datetime,
         now: datetime | None,
     ) -> int | None:
-        row = self._one(
-            "fire_schedule",
-            queue=queue,
-            expected=expected,
-            tick=tick,
-            next_tick=next_tick,
-            now=now,
-        )
+        params = {
+            "queue": queue,
+            "expected": expected,
+            "tick": tick,
+            "next_tick": next_tick,
+            "now": now,
+        }
+        row = self._one(QUEUE_QUERIES.fire_schedule, params)
         return None if row is None else row["job_id"]
 
     def database_now(self) -> datetime:
-        row = self._one("database_now")
+        row = self._one(QUEUE_QUERIES.database_now, {})
         assert row is not None
         moment: datetime = row["now"]
         return moment
@@ -416,23 +433,20 @@ class JobStore:
                 dead=r["dead"],
                 oldest_due_at=r["oldest_due_at"],
             )
-            for r in self._all("queue_stats", now=now)
+            for r in self._all(QUEUE_QUERIES.queue_stats, {"now": now})
         ]
 
     def prune(self, now: datetime | None, limit: int) -> int:
-        return len(self._all("prune_jobs", now=now, limit=limit))
+        return len(self._all(QUEUE_QUERIES.prune_jobs, {"now": now, "limit": limit}))
 
     def set_worker_lanes(self, worker_id: str, incarnation: UUID, lanes: dict[str, int]) -> None:
-        with self._pool.connection() as conn:
-            conn.execute(
-                QUEUE_QUERIES.set_worker_lanes,
-                {
-                    "worker_id": worker_id,
-                    "incarnation": incarnation,
-                    "lanes": Jsonb(lanes) if lanes else None,
-                },
-            )
+        params = {
+            "worker_id": worker_id,
+            "incarnation": incarnation,
+            "lanes": Jsonb(lanes) if lanes else None,
+        }
+        self._on_pool(lambda c: c.execute(QUEUE_QUERIES.set_worker_lanes, params))
 
     def lanes_online(self, stale_seconds: float) -> dict[str, int]:
-        rows = self._all("lanes_online", stale_seconds=stale_seconds)
+        rows = self._all(QUEUE_QUERIES.lanes_online, {"stale_seconds": stale_seconds})
         return {r["queue"]: r["lanes"] for r in rows}

@@ -5,7 +5,10 @@ connection borrowed from the pool and repeated through the one
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from psycopg import sql
+from psycopg.rows import DictRow
 
 from sync.store.db import Connection, Pool
 from sync.store.retry import DEFAULT, RetryPolicy
@@ -40,3 +43,15 @@ class PooledStore:
                 return call(conn)
 
         return self.retry_policy.run(attempt)
+
+    def _one(
+        self, query: sql.SQL, params: dict[str, Any], *, idempotent: bool = False
+    ) -> DictRow | None:
+        """The first row of one statement, through :meth:`_on_pool`."""
+        return self._on_pool(lambda c: c.execute(query, params).fetchone(), idempotent=idempotent)
+
+    def _all(
+        self, query: sql.SQL, params: dict[str, Any], *, idempotent: bool = False
+    ) -> list[DictRow]:
+        """Every row of one statement, through :meth:`_on_pool`."""
+        return self._on_pool(lambda c: c.execute(query, params).fetchall(), idempotent=idempotent)

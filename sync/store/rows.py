@@ -19,7 +19,9 @@ class Lease:
     owner: UUID
 
 
-class _FromRow:
+class FromRow:
+    """A typed row built from a dict row by field name: a store's rows derive from it."""
+
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Self:
         """The fields of this row type, taken by name from a row with perhaps more columns."""
@@ -39,7 +41,7 @@ def _field_names(cls: type) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class ClaimedRun(_FromRow):
+class ClaimedRun(FromRow):
     """A run as the claim returned it, with what executing it needs of its connection."""
 
     id: int
@@ -109,14 +111,14 @@ class BatchWritten:
 
 
 @dataclass(frozen=True)
-class TombstoneStep(_FromRow):
+class TombstoneStep(FromRow):
     last_key: str | None
     scanned: int
     tombstoned: dict[str, int]
 
 
 @dataclass(frozen=True)
-class TableEnd(_FromRow):
+class TableEnd(FromRow):
     """The end of a table read completely (``TableWrites.end_table``): whether its seen keys
     were intact (nothing was written when not), the first tombstone step, and whether that
     step reached the end of the table's rows and the complete passes were stamped."""
@@ -133,14 +135,14 @@ class TableEnd(_FromRow):
 
 
 @dataclass(frozen=True)
-class UnseenStep(_FromRow):
+class UnseenStep(FromRow):
     last_key: str | None
     scanned: int
     unseen: list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
-class SliceRow(_FromRow):
+class SliceRow(FromRow):
     """One slice's checkpoint row (``partition`` '' for a table read whole)."""
 
     table_name: str
@@ -172,7 +174,7 @@ class CompletePasses:
 
 
 @dataclass(frozen=True)
-class WorkerRow(_FromRow):
+class WorkerRow(FromRow):
     id: str
     hostname: str
     pid: int
@@ -182,7 +184,7 @@ class WorkerRow(_FromRow):
 
 
 @dataclass(frozen=True)
-class LockedConnection(_FromRow):
+class LockedConnection(FromRow):
     """A connection as a repair reads it under its row lock (its credentials still encrypted)."""
 
     workspace_id: int

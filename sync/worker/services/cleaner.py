@@ -38,8 +38,8 @@ from typing import Any
 
 from sync.base.settings import Settings
 from sync.jobs.service import Ticks
-from sync.store import maintenance as store
 from sync.store.db import Pool
+from sync.store.maintenance import Batch, MaintenanceStore, RunPosition
 from sync.worker.services.fleet_task import FleetTask
 
 log = logging.getLogger("sync.worker")
@@ -117,7 +117,7 @@ class PruneReport:
 
 
 def prune(
-    pool: Pool,
+    store: MaintenanceStore,
     rules: RetentionRules,
     *,
     dry_run: bool = False,
@@ -137,61 +137,54 @@ def prune(
             report.complete = False
         return not report.complete
 
-    position: store.RunPosition | None = store.RunPosition()
+    position: RunPosition | None = RunPosition()
     while position is not None and not stopped():
-        with pool.connection() as conn:
-            runs = store.prune_runs(
-                conn,
-                older_than=rules.history,
-                keep=rules.keep_runs,
-                limit=rules.batch,
-                after=position,
-                delete=delete,
-            )
+        runs = store.prune_runs(
+            older_than=rules.history,
+            keep=rules.keep_runs,
+            limit=rules.batch,
+            after=position,
+            delete=delete,
+        )
         report.statements += 1
         report.deleted[Retained.RUNS] += runs.runs
         report.deleted[Retained.ATTEMPTS] += runs.attempts
         position = runs.next
 
-    def each(kind: Retained, batch: Callable[[store.Connection], store.Batch]) -> None:
+    def each(kind: Retained, batch: Callable[[], Batch]) -> None:
         while not stopped():
-            with pool.connection() as conn:
-                found = batch(conn)
+            found = batch()
             report.statements += 1
             report.deleted[kind] += found.deleted if delete else found.found
             if limit is None or found.found < limit:
                 return
 
-    each(Retained.SEEN_KEYS, lambda c: store.prune_seen_keys(c, limit=limit, delete=delete))
+    each(Retained.SEEN_KEYS, lambda: store.prune_seen_keys(limit=limit, delete=delete))
     each(
         Retained.WORKERS,
-        lambda c: store.prune_workers(
-            c, older_than=rules.stopped_workers, limit=limit, delete=delete
-        ),
+        lambda: store.prune_workers(older_than=rules.stopped_workers, limit=limit, delete=delete),
     )
-    each(Retained.RATE_BUDGETS, lambda c: store.prune_rate_budgets(c, limit=limit, delete=delete))
+    each(Retained.RATE_BUDGETS, lambda: store.prune_rate_budgets(limit=limit, delete=delete))
     each(
         Retained.HTTP_CACHE,
-        lambda c: store.prune_http_cache(
-            c, older_than=rules.http_cache, limit=limit, delete=delete
-        ),
+        lambda: store.prune_http_cache(older_than=rules.http_cache, limit=limit, delete=delete),
     )
 
-    def jobs(conn: store.Connection) -> store.Batch:
-        found = store.prune_jobs(conn, limit=limit, delete=delete)
+    def jobs() -> Batch:
+        found = store.prune_jobs(limit=limit, delete=delete)
         report.deleted[Retained.JOB_ATTEMPTS] += found.attempts
-        return store.Batch(found.found, found.deleted)
+        return Batch(found.found, found.deleted)
 
     each(Retained.JOBS, jobs)
     each(
         Retained.INGESTIONS,
-        lambda c: store.prune_ingestions(c, older_than=rules.history, limit=limit, delete=delete),
+        lambda: store.prune_ingestions(older_than=rules.history, limit=limit, delete=delete),
     )
     if rules.tombstones is not None:
         tombstones = rules.tombstones
         each(
             Retained.TOMBSTONES,
-            lambda c: store.prune_tombstones(c, older_than=tombstones, limit=limit, delete=delete),
+            lambda: store.prune_tombstones(older_than=tombstones, limit=limit, delete=delete),
         )
     return report
 
@@ -212,7 +205,7 @@ class Cleaner(FleetTask):
         self._rules = RetentionRules.from_settings(settings)
 
     def _pass(self) -> dict[str, int]:
-        report = prune(self._pool, self._rules, stopping=self._stopping.is_set)
+        report = prune(self._store, self._rules, stopping=self._stopping.is_set)
         if any(report.deleted.values()):
             log.info(
                 "retention deleted %s in %d statement(s)",

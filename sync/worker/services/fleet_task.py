@@ -10,8 +10,8 @@ import time
 from datetime import timedelta
 
 from sync.jobs.service import Service, Ticks
-from sync.store import maintenance as store
 from sync.store.db import Pool
+from sync.store.maintenance import MaintenanceStore
 
 
 class FleetTask(Service[dict[str, int] | None]):
@@ -30,23 +30,17 @@ class FleetTask(Service[dict[str, int] | None]):
         clock: Ticks = time.monotonic,
     ) -> None:
         super().__init__(interval, max_backoff, clock=clock)
-        self._pool = pool
+        self._store = MaintenanceStore(pool)
         self._worker_id = worker_id
 
     def _pass(self) -> dict[str, int]:
         raise NotImplementedError
 
     def _run(self) -> dict[str, int] | None:
-        with self._pool.connection() as conn:
-            claimed = store.claim_task(
-                conn,
-                self.task,
-                every=timedelta(seconds=self.interval),
-                worker_id=self._worker_id,
-            )
+        every = timedelta(seconds=self.interval)
+        claimed = self._store.claim_task(self.task, every=every, worker_id=self._worker_id)
         if claimed is None:
             return None
         result = self._pass()
-        with self._pool.connection() as conn:
-            store.finish_task(conn, self.task, claimed_at=claimed, result=result)
+        self._store.finish_task(self.task, claimed_at=claimed, result=result)
         return result

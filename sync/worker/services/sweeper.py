@@ -9,7 +9,6 @@ import time
 
 from sync.base.settings import Settings
 from sync.jobs.service import Ticks
-from sync.store import maintenance as store
 from sync.store.db import Pool
 from sync.worker.services.fleet_task import FleetTask
 
@@ -31,8 +30,7 @@ class SeenKeySweeper(FleetTask):
     def _pass(self) -> dict[str, int]:
         deleted = 0
         while not self._stopping.is_set():
-            with self._pool.connection() as conn:
-                batch = store.prune_seen_keys(conn, limit=self._batch, delete=True)
+            batch = self._store.prune_seen_keys(limit=self._batch, delete=True)
             deleted += batch.deleted
             if batch.found < self._batch:
                 break
