@@ -254,10 +254,14 @@ SELECT id FROM jobs WHERE queue = %(queue)s AND status = 'dead' ORDER BY id;
 
 -- name: upsert_schedule
 -- One schedule per queue; scheduling again replaces it but keeps the tick fired last.
+-- Invariant: scheduling again with the same cron keeps the first tick not fired yet, so a tick
+-- that came while no worker ran still fires; only a changed cron starts at the next tick given.
 INSERT INTO job_schedules (queue, cron, payload, next_tick)
 VALUES (%(queue)s, %(cron)s, %(payload)s, %(next_tick)s)
 ON CONFLICT (queue) DO UPDATE
-   SET cron = EXCLUDED.cron, payload = EXCLUDED.payload, next_tick = EXCLUDED.next_tick,
+   SET cron = EXCLUDED.cron, payload = EXCLUDED.payload,
+       next_tick = CASE WHEN job_schedules.cron = EXCLUDED.cron THEN job_schedules.next_tick
+                        ELSE EXCLUDED.next_tick END,
        updated_at = now()
 RETURNING *;
 

@@ -3,7 +3,9 @@
 
 ``crash``: queue ``probe.crash``; its handler records each attempt's start and each
 completion in the table ``probe_runs`` of the schema, and blocks in its first attempt (until its
-abort signal trips), so a test can kill the worker mid-job."""
+abort signal trips), so a test can kill the worker mid-job.
+
+``sweep``: queue ``probe.sweep`` and its cron schedule, declared at each start."""
 
 from __future__ import annotations
 
@@ -45,3 +47,14 @@ def crash(queues: Queues) -> None:
         _record(job, "completed")
 
     queues.register("probe.crash", handler)
+
+
+SWEEP = "probe.sweep"
+
+
+def sweep(queues: Queues) -> None:
+    """``probe.sweep``, swept every five minutes: declared at every start, as an application
+    declares its queues and schedules in its ``setup``."""
+    queues.declare_queue(queue_spec(SWEEP))
+    queues.schedule(SWEEP, "*/5 * * * *")
+    queues.register(SWEEP, lambda job, abort: None)

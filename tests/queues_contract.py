@@ -797,6 +797,49 @@ class QueuesContract:
         (next_one,) = harness.runner.enqueue_due_schedules()
         assert harness.queues.get_job(next_one).tick == at(harness.clock, 35)
 
+    def test_declaring_an_unchanged_schedule_again_keeps_its_next_tick(
+        self, harness: Harness
+    ) -> None:
+        harness.declare("docs.sweep")
+        harness.clock.advance_to(at(harness.clock, 1))
+        harness.queues.schedule("docs.sweep", "*/5 * * * *", payload="first")
+
+        harness.clock.advance_to(at(harness.clock, 32))  # ticks 5, 10, ..., 30 went by unfired
+        again = harness.queues.schedule("docs.sweep", " */5  * * * * ", payload="second")
+        assert (again.cron, again.next_tick) == ("*/5 * * * *", at(harness.clock, 5))
+        (sent,) = harness.runner.enqueue_due_schedules()
+        job = harness.queues.get_job(sent)
+        assert (job.tick, job.payload) == (at(harness.clock, 30), "second")
+
+        harness.queues.schedule("docs.sweep", "*/5 * * * *", payload="second")
+        assert harness.runner.enqueue_due_schedules() == []
+        (schedule,) = harness.queues.list_schedules()
+        assert (schedule.last_tick, schedule.next_tick) == (
+            at(harness.clock, 30),
+            at(harness.clock, 35),
+        )
+
+    def test_changing_a_schedule_s_cron_moves_its_next_tick(self, harness: Harness) -> None:
+        harness.declare("docs.sweep")
+        harness.clock.advance_to(at(harness.clock, 1))
+        harness.queues.schedule("docs.sweep", "*/5 * * * *")
+        harness.clock.advance_to(at(harness.clock, 6))
+        (first,) = harness.runner.enqueue_due_schedules()
+
+        harness.clock.advance_to(at(harness.clock, 32))  # ticks 10, 15, ..., 30 went by unfired
+        moved = harness.queues.schedule("docs.sweep", "0 * * * *")
+        assert (moved.cron, moved.last_tick, moved.next_tick) == (
+            "0 * * * *",
+            at(harness.clock, 5),
+            at(harness.clock, 60),
+        )
+        assert harness.runner.enqueue_due_schedules() == []
+
+        harness.clock.advance_to(at(harness.clock, 60))
+        (second,) = harness.runner.enqueue_due_schedules()
+        ticks = [harness.queues.get_job(job_id).tick for job_id in (first, second)]
+        assert ticks == [at(harness.clock, 5), at(harness.clock, 60)]
+
     @pytest.mark.concurrent
     def test_an_exclusive_sweep_never_stacks_behind_itself(self, harness: Harness) -> None:
         harness.declare("docs.sweep", policy=QueuePolicy.EXCLUSIVE)

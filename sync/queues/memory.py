@@ -227,11 +227,15 @@ class InMemoryQueues(Queues, JobRunner):
             self._table.spec(queue)
             value = json_payload(queue, payload)
             existing = self._table.schedules.get(queue)
+            if existing is not None and existing.cron == expression:
+                pending = existing.next_tick  # the same cron keeps its tick not fired yet
+            else:
+                pending = next_tick(expression, self._clock.now())
             made = Schedule(
                 queue=queue,
                 cron=expression,
                 payload=value,
-                next_tick=next_tick(expression, self._clock.now()),
+                next_tick=pending,
                 last_tick=existing.last_tick if existing else None,
             )
             self._table.schedules[queue] = made

@@ -127,7 +127,9 @@ class Queues(JobSender, Protocol):
     # Cron
     def schedule(self, queue: str, cron: str, *, payload: Any = None) -> Schedule:
         """Send ``payload`` to ``queue`` at each tick of ``cron`` (five fields, UTC); replaces
-        the queue's schedule if it has one."""
+        the queue's schedule if it has one. Scheduling again with the same cron (as a worker's
+        setup does at every start) keeps the tick not fired yet, so a tick that came while no
+        worker ran still fires; a changed cron starts at its first tick after now."""
         ...
 
     def unschedule(self, queue: str) -> bool: ...
