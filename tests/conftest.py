@@ -27,11 +27,17 @@ from typing import Any
 import psycopg
 import pytest
 from cryptography.fernet import Fernet
+from hypothesis import settings as hypothesis_settings
 
 import tests.fakes  # noqa: F401 - registers the test connectors
 from sync import Engine, Settings
 
 pytest_plugins = ["sync.testing", "tests.cli_backends"]
+
+# Property tests check what holds, never how fast: no example fails for the wall-clock time it
+# took on a loaded machine.
+hypothesis_settings.register_profile("suite")
+hypothesis_settings.load_profile("suite")
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 # Postgres itself; set apart from DATABASE_URL only by `--pgbouncer` (inherited by xdist workers).

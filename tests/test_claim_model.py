@@ -192,7 +192,6 @@ def test_the_claim_matches_the_model(engine: Engine) -> None:
         settings=settings(
             max_examples=40,
             stateful_step_count=40,
-            deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )

@@ -32,7 +32,7 @@ def _split(text: str, cuts: list[int]) -> list[str]:
     return [text[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(pages=st.lists(_texts, min_size=1, max_size=4), cuts=st.lists(st.integers(0, 10_000)))
 def test_chunks_do_not_depend_on_how_the_text_was_split(pages: list[str], cuts: list[int]) -> None:
     whole = [Segment(n, text) for n, text in enumerate(pages, 1)]
@@ -46,7 +46,7 @@ def test_chunks_do_not_depend_on_how_the_text_was_split(pages: list[str], cuts: 
         assert chunk.text in normalize(pages[chunk.page - 1])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(text=_texts)
 def test_chunks_cover_the_whole_text(text: str) -> None:
     made = list(chunks([Segment(1, text)], DocumentLimits(chunk_chars=120, chunk_overlap=0)))

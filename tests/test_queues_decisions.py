@@ -160,7 +160,7 @@ moments = st.datetimes(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(expression=crons(), now=moments)
 def test_next_and_latest_ticks_bracket_now_with_no_tick_between(
     expression: str, now: datetime
@@ -172,7 +172,7 @@ def test_next_and_latest_ticks_bracket_now_with_no_tick_between(
     assert next_tick(expression, before) == after  # nothing in (before, after)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(expression=crons(), start=moments, data=st.data())
 def test_a_schedule_fires_each_tick_once_and_never_a_backlog(
     expression: str, start: datetime, data: st.DataObject
@@ -198,7 +198,7 @@ def test_a_schedule_fires_each_tick_once_and_never_a_backlog(
     assert len(fired) <= len(gaps)  # at most one per firing: no backlog
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(expression=crons(), start=moments)
 def test_a_schedule_polled_at_every_tick_fires_every_tick(expression: str, start: datetime) -> None:
     ticks = [next_tick(expression, start)]
