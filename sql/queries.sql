@@ -901,7 +901,9 @@ SELECT id FROM connections WHERE workspace_id = %(workspace_id)s ORDER BY id;
 
 -- name: create_connection
 -- Creates a connection in a workspace that is not deleted. The KEY SHARE lock waits for a
--- workspace delete in progress, then sees it deleted (see mark_workspace_deleted).
+-- workspace delete in progress, then sees it deleted (see mark_workspace_deleted). For a
+-- declared provider, the same lock on its row waits for a removal in progress, then sees the
+-- provider gone: no connection of a removed provider (see lock_declared_provider).
 INSERT INTO connections (workspace_id, name, provider, config, credentials, budget_key,
                          schedule_every, next_run_at)
 SELECT w.id, %(name)s, %(provider)s, %(config)s, %(credentials)s, %(budget_key)s,
@@ -909,7 +911,10 @@ SELECT w.id, %(name)s, %(provider)s, %(config)s, %(credentials)s, %(budget_key)s
        CASE WHEN %(schedule_seconds)s::float8 IS NULL THEN NULL ELSE now() END
   FROM workspaces w
  WHERE w.id = %(workspace_id)s AND w.deleted_at IS NULL
-   FOR KEY SHARE
+   AND (NOT %(declared)s
+        OR EXISTS (SELECT 1 FROM declared_providers d WHERE d.name = %(provider)s
+                      FOR KEY SHARE))
+   FOR KEY SHARE OF w
 RETURNING *;
 
 -- name: update_connection
