@@ -81,7 +81,9 @@ def test_the_declared_simulated_provider_syncs_the_rows_its_connector_syncs(
         tenant.advance()
 
 
-def test_the_declared_github_pull_requests_are_the_connectors_rows(engine: Engine, respx_mock: Any) -> None:
+def test_the_declared_github_pull_requests_are_the_connectors_rows(
+    engine: Engine, respx_mock: Any
+) -> None:
     github = GitHub(respx_mock)
     github.repo("Hello-World").pulls = [make_pull("Hello-World", n) for n in range(1, 151)]
     github.repo("Spoon-Knife").pulls = [make_pull("Spoon-Knife", n) for n in range(1, 4)]
