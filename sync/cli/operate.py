@@ -8,7 +8,6 @@ import json
 import logging
 import sys
 from datetime import timedelta
-from typing import Any
 
 import typer
 from rich.table import Table

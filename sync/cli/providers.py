@@ -11,7 +11,6 @@ from typing import Any
 
 import psycopg
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from connectors.declarative import ProviderFileError
@@ -153,14 +152,17 @@ def providers_schema() -> None:
     sys.stdout.write(json.dumps(provider_schema(), indent=2) + "\n")
 
 
+DirOption = typer.Option(
+    None, "--dir", metavar="DIR", help="Where to write the package (default: ./NAME)."
+)
+
+
 @app.command("new-connector")
 def new_connector(
     name: str = typer.Argument(
         ..., metavar="NAME", help="The provider's name: lower case letters, digits, _."
     ),
-    directory: Path | None = typer.Option(
-        None, "--dir", metavar="DIR", help="Where to write the package (default: ./NAME)."
-    ),
+    directory: Path | None = DirOption,
 ) -> None:
     """Write a connector plugin package to start from: its pyproject.toml (with the entry
     point), the connector, a fake of the provider's API and a test, which pass as written
