@@ -821,14 +821,16 @@ ON CONFLICT (id) DO UPDATE
 RETURNING incarnation;
 
 -- name: heartbeat
--- A worker's heartbeat: says it is alive and what it is running. Invariant: only the
--- incarnation that owns the row beats for it; no row back means another process took the id
--- over (this one was stale), and this one must stop. A row deleted meanwhile is written again.
+-- A worker's heartbeat: says it is alive, what it is running and which providers it runs now
+-- (declared providers are loaded while it runs). Invariant: only the incarnation that owns the
+-- row beats for it; no row back means another process took the id over (this one was stale),
+-- and this one must stop. A row deleted meanwhile is written again.
 INSERT INTO workers (id, hostname, pid, version, providers, incarnation, current_run_id)
 VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(version)s, %(providers)s::text[],
         %(incarnation)s, %(current_run_id)s)
 ON CONFLICT (id) DO UPDATE
-   SET heartbeat_at = now(), current_run_id = EXCLUDED.current_run_id
+   SET heartbeat_at = now(), current_run_id = EXCLUDED.current_run_id,
+       providers = EXCLUDED.providers
  WHERE workers.incarnation = EXCLUDED.incarnation
 RETURNING 1 AS beat;
 
