@@ -70,7 +70,7 @@ def _list(as_json: bool) -> None:
     out = stdout()
     columns = [
         Col("provider", key=True),
-        Col("kind", text="words"),
+        Col("kind"),
         Col("tables", text="words"),
         Col("config", text="words"),
         Col("credentials", text="words"),
