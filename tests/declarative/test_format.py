@@ -5,6 +5,7 @@ that only ever put values in as text."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,22 @@ def test_templates_fill_from_values_as_text_and_evaluate_nothing() -> None:
 def test_a_value_in_a_path_is_one_segment_whatever_it_holds(value: str) -> None:
     filled = fill("/items/{config.v}", {"config": {"v": value}}, in_path=True)
     assert filled.count("/") == 2 and "?" not in filled and "#" not in filled
+
+
+DOC = Path(__file__).resolve().parent.parent.parent / "docs" / "declarative-connectors.md"
+
+
+def test_the_worked_examples_of_the_docs_are_valid_files() -> None:
+    blocks = re.findall(r"```yaml\n# (\S+\.yaml).*?\n(.*?)```", DOC.read_text(), re.DOTALL)
+    assert [name for name, _ in blocks] == [
+        "tiny.yaml",
+        "simulated_crm.yaml",
+        "github_pull_requests.yaml",
+    ]
+    for name, body in blocks:
+        assert parse(body).tables, name
+    # The CRM example is the example file itself, less its comments.
+    crm = dict(blocks)["simulated_crm.yaml"]
+    assert parse(crm) == parse((EXAMPLES / "simulated_crm.yaml").read_text()).model_copy(
+        update={"description": None}
+    )
