@@ -80,13 +80,14 @@ def undeclare(provider: str) -> None:
 
 def declared() -> dict[str, type[Connector]]:
     """The declared providers this process has loaded, by name."""
-    return dict(sorted(_declared.items()))
+    # A copy first: a worker's loader thread may declare while another thread reads.
+    return dict(sorted(_declared.copy().items()))
 
 
 def plugins() -> dict[str, type[Connector]]:
     """The installed plugins (and classes registered by decorator), by name."""
     _load_entry_points()
-    return {name: cls for name, (cls, _) in sorted(_registered.items())}
+    return {name: cls for name, (cls, _) in sorted(_registered.copy().items())}
 
 
 def _check_files(cls: type[Connector], source: str) -> None:

@@ -122,7 +122,8 @@ def worker(
 
     Run as many as you like, on any machines; SIGTERM hands the running run back at once. It
     runs syncs of the providers installed when it starts (restart it after installing a
-    connector package), and jobs of the application queues CONNECTOR_SYNC_LANES gives lanes
+    connector package) and of the declared providers (`providers add`, loaded as they come), and
+    jobs of the application queues CONNECTOR_SYNC_LANES gives lanes
     (QUEUE=N,...), N at a time per queue."""
     if worker_id is not None:
         check_name(worker_id, "worker")
