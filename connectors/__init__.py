@@ -1,6 +1,6 @@
 """The connector SDK: what a provider plugin is made of. It never imports the engine (`sync`)."""
 
-from connectors.auth import ApiKey, Auth, BearerToken, OAuth2
+from connectors.auth import ApiKey, Auth, BasicAuth, BearerToken, OAuth2
 from connectors.base import (
     Checkpoint,
     Connector,
@@ -39,6 +39,7 @@ from connectors.paging import (
     link_header_pages,
     next_link,
     next_link_pages,
+    offset_pages,
     page_number_pages,
 )
 from connectors.registry import DuplicateProvider, UnknownProvider, get, providers, register
@@ -48,6 +49,7 @@ __all__ = [
     "ApiKey",
     "Auth",
     "AuthError",
+    "BasicAuth",
     "BearerToken",
     "Checkpoint",
     "Connector",
@@ -84,6 +86,7 @@ __all__ = [
     "link_header_pages",
     "next_link",
     "next_link_pages",
+    "offset_pages",
     "page_number_pages",
     "providers",
     "register",

@@ -1,4 +1,5 @@
-"""How requests are authenticated: a bearer token, an API key, or OAuth2 (authlib) with refresh.
+"""How requests are authenticated: a bearer token, a user and password (HTTP Basic), an API key (in
+a header or the query string), or OAuth2 (authlib) with refresh.
 
 OAuth2 refreshes go through ``context.refresh_credentials``: the engine runs the refresh under a
 per-connection database lock and saves the new tokens, encrypted, in a fenced write, so two runs
@@ -15,6 +16,7 @@ refresh fails the next attempt refreshes first instead of sending it again.
 
 from __future__ import annotations
 
+import base64
 import time
 import warnings
 from collections.abc import Mapping
@@ -49,6 +51,10 @@ class Auth:
     def apply(self, headers: dict[str, str]) -> None:
         raise NotImplementedError
 
+    def query(self) -> Mapping[str, str]:
+        """Query parameters that carry the credentials (an API key sent as ``?api_key=``)."""
+        return {}
+
     def refresh(self) -> bool:
         """Get fresh credentials; False if this kind of credential cannot be refreshed."""
         return False
@@ -67,15 +73,35 @@ class BearerToken(Auth):
         headers["Authorization"] = f"Bearer {self._token}"
 
 
+class BasicAuth(Auth):
+    """HTTP Basic authentication (RFC 7617): a user name and a password."""
+
+    def __init__(self, username: str, password: str) -> None:
+        if not username:
+            raise AuthError("the connection's credentials have no user name")
+        self._value = base64.b64encode(f"{username}:{password}".encode()).decode()
+
+    def apply(self, headers: dict[str, str]) -> None:
+        headers["Authorization"] = f"Basic {self._value}"
+
+
 class ApiKey(Auth):
-    def __init__(self, key: str, header: str = "X-API-Key") -> None:
+    """An API key in a header (``X-API-Key`` by default), or, with ``param``, in the query
+    string (which the HTTP client keeps out of every message and cache key)."""
+
+    def __init__(self, key: str, header: str = "X-API-Key", *, param: str | None = None) -> None:
         if not key:
             raise AuthError("the connection's credentials have no API key")
         self._key = key
         self._header = header
+        self._param = param
 
     def apply(self, headers: dict[str, str]) -> None:
-        headers[self._header] = self._key
+        if self._param is None:
+            headers[self._header] = self._key
+
+    def query(self) -> Mapping[str, str]:
+        return {} if self._param is None else {self._param: self._key}
 
 
 Grant = Literal["client_credentials", "refresh_token"]

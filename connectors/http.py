@@ -156,7 +156,11 @@ class HttpClient:
         on_response: Callable[[httpx.Response], None] | None = None,
         classify_response: ResponseClassifier | None = None,
         clock: Callable[[], float] = time.monotonic,
+        confine_to_base_url: bool = False,
     ) -> None:
+        """``confine_to_base_url``: refuse (``PermanentError``) every request, and every
+        redirect, to another origin than ``base_url``'s, wherever its URL came from (a next
+        link, a template); for connectors whose URLs are built from data they do not trust."""
         self._context = context
         # Seconds on a monotonic scale, for the total timeouts; a test may drive it.
         self._clock = clock
@@ -174,6 +178,9 @@ class HttpClient:
             headers={"User-Agent": USER_AGENT, **(headers or {})},
             timeout=timeout,
         )
+        self._confined_to = self._client.base_url if confine_to_base_url else None
+        if confine_to_base_url and not base_url:
+            raise ValueError("confine_to_base_url needs a base_url")
 
     def close(self) -> None:
         self._client.close()
@@ -444,6 +451,9 @@ class HttpClient:
         credentials: dict[str, str] = {}
         if self._auth is not None:
             self._auth.apply(credentials)
+            in_query = self._auth.query()
+            if in_query:
+                params = {**(params or {}), **in_query}
         request = self._client.build_request(
             method,
             url,
@@ -453,6 +463,7 @@ class HttpClient:
             data=data,
         )
         where = f"{method} {_display(request.url)}"
+        self._check_confined(request.url, where)
         trace.get_current_span().set_attribute("url.full", _display(request.url))
         timeout = self._total_timeout if sink is None else sink.timeout
         deadline = self._clock() + timeout
@@ -497,11 +508,20 @@ class HttpClient:
             if not follow_redirects or following is None:
                 return response
             response.close()
+            self._check_confined(following.url, f"{where}: its redirect")
             if not credentials_may_follow(origin, following.url):
                 for name in credentials:
                     following.headers.pop(name, None)
             request = following
         raise PermanentError(f"{where}: too many redirects (a redirect loop?)")
+
+    def _check_confined(self, url: httpx.URL, where: str) -> None:
+        base = self._confined_to
+        if base is not None and not credentials_may_follow(base, url):
+            raise PermanentError(
+                f"{where}: refused, {url.scheme}://{url.host} is not the host of base_url "
+                f"({base.scheme}://{base.host}); this connector sends requests there only"
+            )
 
     def _read_body(self, response: httpx.Response, where: str, deadline: float) -> bytes:
         declared = int(response.headers.get("content-length") or 0)

@@ -59,19 +59,23 @@ def next_link_pages(
     next_key: str = "@odata.nextLink",
     params: Mapping[str, Any] | None = None,
     max_pages: int = MAX_PAGES,
+    next_url: Callable[[dict[str, Any]], str | None] | None = None,
+    conditional: bool = False,
 ) -> Iterator[Any]:
     """Follow a next URL carried in the JSON body (Microsoft Graph's ``@odata.nextLink``).
-    Yields each page's parsed body."""
+    Yields each page's parsed body. ``next_url``: a function from a page to its next URL,
+    for a body that keeps it deeper than a top-level ``next_key``."""
     guard = _LoopGuard("next link", max_pages)
-    next_url: str | None = url
+    following: str | None = url
     next_params = params
-    while next_url is not None:
-        guard.visit(next_url if next_params is None else f"{next_url}?{dict(next_params)}")
-        body = client.get_json(next_url, params=next_params)
+    while following is not None:
+        guard.visit(following if next_params is None else f"{following}?{dict(next_params)}")
+        body = client.get_json(following, params=next_params, conditional=conditional)
         if not isinstance(body, dict):
             raise PermanentError(f"expected a JSON object page, got {type(body).__name__}")
         yield body
-        next_url = body.get(next_key)
+        found = next_url(body) if next_url is not None else body.get(next_key)
+        following = str(found) if found else None
         next_params = None
 
 
@@ -87,13 +91,15 @@ def page_number_pages(
     items: Callable[[Any], list[Any]] = lambda body: body,
     total_header: str | None = "Total",
     max_pages: int = MAX_PAGES,
+    conditional: bool = False,
 ) -> Iterator[list[Any]]:
     """Ask for page 1, 2, 3... until a short or empty page, or the ``total_header`` count is
     reached (Procore sends ``Total`` and ``Per-Page``). Yields each page's items."""
     page = first
     fetched = 0
     for _ in range(max_pages):
-        response = client.get(url, params={**(params or {}), page_param: page, size_param: size})
+        query = {**(params or {}), page_param: page, size_param: size}
+        response = client.get(url, params=query, conditional=conditional)
         found = items(client.json_of(response))
         if not isinstance(found, list):
             raise PermanentError(f"expected a JSON list of items, got {type(found).__name__}")
@@ -116,6 +122,7 @@ def cursor_pages(
     params: Mapping[str, Any] | None = None,
     max_pages: int = MAX_PAGES,
     start: str | None = None,
+    conditional: bool = False,
 ) -> Iterator[Any]:
     """Pass an opaque cursor token from each page to the next request. Yields parsed bodies.
     ``start``: a token a page gave, to resume the listing there."""
@@ -125,12 +132,41 @@ def cursor_pages(
         query = dict(params or {})
         if cursor is not None:
             query[cursor_param] = cursor
-        body = client.get_json(url, params=query)
+        body = client.get_json(url, params=query, conditional=conditional)
         yield body
         cursor = next_cursor(body)
         if not cursor:
             return
         guard.visit(cursor)
+
+
+def offset_pages(
+    client: HttpClient,
+    url: str,
+    *,
+    params: Mapping[str, Any] | None = None,
+    offset_param: str = "offset",
+    limit_param: str = "limit",
+    limit: int = 100,
+    start: int = 0,
+    items: Callable[[Any], list[Any]] = lambda body: body,
+    max_pages: int = MAX_PAGES,
+    conditional: bool = False,
+) -> Iterator[list[Any]]:
+    """Ask for ``offset=0, limit, 2*limit...`` until a short or empty page. Yields each page's
+    items. ``start``: the offset to resume from."""
+    offset = start
+    for _ in range(max_pages):
+        query = {**(params or {}), offset_param: offset, limit_param: limit}
+        found = items(client.get_json(url, params=query, conditional=conditional))
+        if not isinstance(found, list):
+            raise PermanentError(f"expected a JSON list of items, got {type(found).__name__}")
+        if found:
+            yield found
+        if len(found) < limit:
+            return
+        offset += len(found)
+    raise PermanentError(f"paging stopped after {max_pages} pages")
 
 
 def next_link(response: httpx.Response) -> str | None:

@@ -1,5 +1,7 @@
 """Connectors registered by provider name: by decorator, or by a package's entry point in the
-``connector_sync.connectors`` group."""
+``connector_sync.connectors`` group (the installed plugins), and the declared providers the
+engine loaded from its database into this process (:func:`declare`). A declared provider never
+shadows a plugin: the plugin's name wins."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ log = logging.getLogger(__name__)
 C = TypeVar("C", bound=type[Connector])
 
 _registered: dict[str, tuple[type[Connector], str]] = {}
+_declared: dict[str, type[Connector]] = {}
 _entry_points_loaded = False
 
 
@@ -23,8 +26,9 @@ class UnknownProvider(LookupError):
     def __init__(self, provider: str, known: list[str]) -> None:
         listing = ", ".join(known) or "none"
         super().__init__(
-            f"no connector is registered for provider {provider!r} (installed: {listing}); "
-            "install the package that provides it"
+            f"no connector is registered for provider {provider!r} (known: {listing}); "
+            "install the package that provides it, or declare it with `connector-sync "
+            "providers add FILE`"
         )
         self.provider = provider
 
@@ -50,6 +54,40 @@ def _add(cls: type[Connector], source: str) -> None:
             f"provider {provider!r} is registered twice: by {existing[1]} and by {source}"
         )
     _registered[provider] = (cls, source)
+    if _declared.pop(provider, None) is not None:
+        log.warning(
+            "provider %r is installed (%s): its declared version is set aside", provider, source
+        )
+
+
+def declare(cls: type[Connector]) -> None:
+    """Make a declared provider known to this process, in place of its earlier version; a
+    name an installed plugin holds raises :class:`DuplicateProvider`."""
+    _load_entry_points()
+    plugin = _registered.get(cls.provider)
+    if plugin is not None:
+        raise DuplicateProvider(
+            f"provider {cls.provider!r} is an installed plugin ({plugin[1]}); a declared "
+            "provider may not shadow it: give the file another `provider` name"
+        )
+    _declared[cls.provider] = cls
+
+
+def undeclare(provider: str) -> None:
+    """Forget a declared provider in this process (it was removed)."""
+    _declared.pop(provider, None)
+
+
+def declared() -> dict[str, type[Connector]]:
+    """The declared providers this process has loaded, by name."""
+    # A copy first: a worker's loader thread may declare while another thread reads.
+    return dict(sorted(_declared.copy().items()))
+
+
+def plugins() -> dict[str, type[Connector]]:
+    """The installed plugins (and classes registered by decorator), by name."""
+    _load_entry_points()
+    return {name: cls for name, (cls, _) in sorted(_registered.copy().items())}
 
 
 def _check_files(cls: type[Connector], source: str) -> None:
@@ -90,18 +128,21 @@ def _load_entry_points() -> None:
 def get(provider: str) -> type[Connector]:
     """The connector class registered for ``provider``."""
     _load_entry_points()
+    found = _registered.get(provider)
+    if found is not None:
+        return found[0]
     try:
-        return _registered[provider][0]
+        return _declared[provider]
     except KeyError:
-        raise UnknownProvider(provider, sorted(_registered)) from None
+        raise UnknownProvider(provider, sorted({*_registered, *_declared})) from None
 
 
 def providers() -> dict[str, type[Connector]]:
-    """Every registered provider name and its class."""
-    _load_entry_points()
-    return {name: cls for name, (cls, _) in sorted(_registered.items())}
+    """Every provider name and its class: the plugins and the declared providers loaded."""
+    return dict(sorted({**declared(), **plugins()}.items()))
 
 
 def unregister(provider: str) -> None:
     """Remove a provider (tests use this to clean up after themselves)."""
     _registered.pop(provider, None)
+    _declared.pop(provider, None)

@@ -821,14 +821,16 @@ ON CONFLICT (id) DO UPDATE
 RETURNING incarnation;
 
 -- name: heartbeat
--- A worker's heartbeat: says it is alive and what it is running. Invariant: only the
--- incarnation that owns the row beats for it; no row back means another process took the id
--- over (this one was stale), and this one must stop. A row deleted meanwhile is written again.
+-- A worker's heartbeat: says it is alive, what it is running and which providers it runs now
+-- (declared providers are loaded while it runs). Invariant: only the incarnation that owns the
+-- row beats for it; no row back means another process took the id over (this one was stale),
+-- and this one must stop. A row deleted meanwhile is written again.
 INSERT INTO workers (id, hostname, pid, version, providers, incarnation, current_run_id)
 VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(version)s, %(providers)s::text[],
         %(incarnation)s, %(current_run_id)s)
 ON CONFLICT (id) DO UPDATE
-   SET heartbeat_at = now(), current_run_id = EXCLUDED.current_run_id
+   SET heartbeat_at = now(), current_run_id = EXCLUDED.current_run_id,
+       providers = EXCLUDED.providers
  WHERE workers.incarnation = EXCLUDED.incarnation
 RETURNING 1 AS beat;
 
@@ -901,7 +903,9 @@ SELECT id FROM connections WHERE workspace_id = %(workspace_id)s ORDER BY id;
 
 -- name: create_connection
 -- Creates a connection in a workspace that is not deleted. The KEY SHARE lock waits for a
--- workspace delete in progress, then sees it deleted (see mark_workspace_deleted).
+-- workspace delete in progress, then sees it deleted (see mark_workspace_deleted). For a
+-- declared provider, the same lock on its row waits for a removal in progress, then sees the
+-- provider gone: no connection of a removed provider (see lock_declared_provider).
 INSERT INTO connections (workspace_id, name, provider, config, credentials, budget_key,
                          schedule_every, next_run_at)
 SELECT w.id, %(name)s, %(provider)s, %(config)s, %(credentials)s, %(budget_key)s,
@@ -909,7 +913,10 @@ SELECT w.id, %(name)s, %(provider)s, %(config)s, %(credentials)s, %(budget_key)s
        CASE WHEN %(schedule_seconds)s::float8 IS NULL THEN NULL ELSE now() END
   FROM workspaces w
  WHERE w.id = %(workspace_id)s AND w.deleted_at IS NULL
-   FOR KEY SHARE
+   AND (NOT %(declared)s
+        OR EXISTS (SELECT 1 FROM declared_providers d WHERE d.name = %(provider)s
+                      FOR KEY SHARE))
+   FOR KEY SHARE OF w
 RETURNING *;
 
 -- name: update_connection

@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 
+from connectors.registry import plugins
 from sync.base import redact
 from sync.base.embedded import data_dir, embedded_url
 from sync.base.names import check_name, check_workspace_name, workspace_ref
@@ -36,6 +37,7 @@ from sync.overview import (
     WorkerState,
     worker_state,
 )
+from sync.providers import ProvidersApi
 from sync.queues.apps import install_handlers
 from sync.queues.lanes import parse_lanes
 from sync.queues.postgres import PostgresQueues
@@ -56,7 +58,7 @@ from sync.worker.services.cleaner import PruneReport, RetentionRules, prune
 log = logging.getLogger("sync")
 
 
-class Engine(IngestionsApi):
+class Engine(IngestionsApi, ProvidersApi):
     """Entry point of the Python API. Close it (or use it as a context manager) when done."""
 
     def __init__(
@@ -187,7 +189,7 @@ class Engine(IngestionsApi):
         if self._workspace_id is not None and workspace_id != self._workspace_id:
             raise NotFound(f"no workspace {workspace_id}")
         check_name(name, "connection")
-        cls = connector_class(provider)
+        cls = self._class_of(provider)
         validated = valid_config(cls, config or {})
         creds = dict(credentials or {})
         redact.register(creds)
@@ -202,12 +204,22 @@ class Engine(IngestionsApi):
                 credentials=self.secrets.encrypt(creds) if creds else None,
                 budget_key=budget_key_of(cls, provider, validated, creds),
                 schedule_seconds=seconds,
+                declared=provider not in plugins(),
             )
         except psycopg.errors.UniqueViolation:
             raise Conflict(f"workspace {workspace_id} already has a connection {name!r}") from None
         if created is None:
+            if provider not in self.load_providers() and provider not in plugins():
+                raise NotFound(f"provider {provider!r} was removed meanwhile")
             raise NotFound(f"no workspace {workspace_id} (or it was deleted)")
         return created
+
+    def _class_of(self, provider: str) -> Any:
+        """The connector of ``provider``: an installed plugin, else a declared provider (loaded
+        from the database first, so one added by another process is found)."""
+        if provider not in plugins():
+            self.load_providers()
+        return connector_class(provider)
 
     def update_credentials(self, connection_id: int, credentials: Mapping[str, Any]) -> Connection:
         """Give a connection new credentials (a disconnected one becomes active again)."""
@@ -244,7 +256,7 @@ class Engine(IngestionsApi):
         def repair(stored: LockedConnection) -> ConnectionRepair:
             nonlocal workspace_id
             workspace_id = stored.workspace_id
-            cls = connector_class(stored.provider)
+            cls = self._class_of(stored.provider)
             merged = dict(stored.config)
             for key, value in (config or {}).items():
                 if value is None:

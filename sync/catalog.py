@@ -1,4 +1,5 @@
-"""What each installed provider needs and syncs, read from its connector class: its tables (with
+"""What each provider (installed plugin, or declared provider loaded from the database) needs and
+syncs, read from its connector class: its tables (with
 how their deletions are found, and how late), and the fields of its config and credentials
 models (name, type, required or optional, default). ``connector-sync providers`` prints it; it
 is also what to write in ``--config`` and ``--credentials``, and what the operator page's
@@ -19,6 +20,7 @@ from pydantic_core import PydanticUndefined
 
 import connectors
 from connectors.base import Connector, Deletions, Table
+from connectors.registry import declared
 from sync.base import redact
 from sync.base.durations import format_every
 from sync.errors import InvalidFields, InvalidInput, describe_validation_error, field_problems
@@ -37,9 +39,12 @@ def describe_providers(
 def describe_provider(
     name: str, cls: type[Connector], complete_every: Mapping[str, timedelta] | None = None
 ) -> dict[str, Any]:
+    version = getattr(cls, "version", None) if name in declared() else None
     return {
         "provider": name,
-        "class": f"{cls.__module__}.{cls.__qualname__}",
+        # A declared provider (a file stored with `providers add`) has no class of its own.
+        "class": f"{cls.__module__}.{cls.__qualname__}" if version is None else None,
+        "declared_version": version,
         "tables": [
             {
                 "name": t.name,

@@ -34,7 +34,7 @@ class Lanes:
             secrets=None,
             worker_id=f"lanes-{uuid.uuid4().hex[:6]}",
             incarnation=uuid.uuid4(),
-            providers=(),
+            providers=lambda: (),
             metrics=metrics,
             queues=queues,
         )

@@ -76,6 +76,11 @@ class Settings(BaseSettings):
     backoff_jitter: float = Field(default=0.2, ge=0, lt=1)
     batch_size: int = Field(default=1000, ge=1)
     purge_batch_size: int = Field(default=5000, ge=1)
+    providers_interval: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds between a worker's loads of the declared providers added since.",
+    )
     schedule_interval: float = Field(
         default=1.0, gt=0, description="Seconds between a worker's scans for due schedules."
     )

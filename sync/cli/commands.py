@@ -36,7 +36,7 @@ from sync.api import Engine
 from sync.base.database_url import describe
 
 # The other commands register themselves on `app` when imported.
-from sync.cli import documents, operate, queues, tenants
+from sync.cli import documents, operate, providers, queues, tenants
 from sync.cli.common import (
     INTERRUPTED,
     RUN_FAILED,
@@ -82,7 +82,7 @@ from sync.overview import describe_progress as describe_where
 from sync.runs.decide import ordinal
 from sync.vocabulary import RunKind, RunStatus, TableStatus
 
-__all__ = ["app", "documents", "main", "operate", "queues", "tenants"]
+__all__ = ["app", "documents", "main", "operate", "providers", "queues", "tenants"]
 
 # -- sync and runs -----------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """Operating ``connector-sync``: the schema (``migrate``, ``grant``), workers, ``records list``,
-``providers``, ``secrets rotate``, ``prune``, the embedded database (``db status|stop``) and the
+``secrets rotate``, ``prune``, the embedded database (``db status|stop``) and the
 demo."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import json
 import logging
 import sys
 from datetime import timedelta
-from typing import Any
 
 import typer
 from rich.table import Table
@@ -17,7 +16,6 @@ from rich.text import Text
 from sync.base.embedded import server_status, stop_server
 from sync.base.names import check_name
 from sync.base.secrets import configured_keys, key_file
-from sync.catalog import describe_providers
 from sync.cli.common import (
     RUN_FAILED,
     ConnectionArg,
@@ -124,7 +122,8 @@ def worker(
 
     Run as many as you like, on any machines; SIGTERM hands the running run back at once. It
     runs syncs of the providers installed when it starts (restart it after installing a
-    connector package), and jobs of the application queues CONNECTOR_SYNC_LANES gives lanes
+    connector package) and of the declared providers (`providers add`, loaded as they come), and
+    jobs of the application queues CONNECTOR_SYNC_LANES gives lanes
     (QUEUE=N,...), N at a time per queue."""
     if worker_id is not None:
         check_name(worker_id, "worker")
@@ -276,49 +275,7 @@ def records_table(records: list[Record], width: int) -> Table:
     return fitted_table(columns, rows, width)
 
 
-# -- providers, secrets, the embedded database and the demo ------------------------------------
-
-
-def _fields_text(fields: list[dict[str, Any]] | None) -> str:
-    if fields is None:
-        return "any (not declared)"
-    if not fields:
-        return "none"
-    return ", ".join(f"{f['name']}{'' if f['required'] else ' (optional)'}" for f in fields)
-
-
-@app.command()
-@guarded
-def providers(as_json: bool = JsonOption) -> None:
-    """The installed connectors: each provider's tables, config and credential fields.
-
-    Each table says how a deletion upstream is found: at the next sync, from the provider's
-    delta feed, or within the interval an operator set with CONNECTOR_SYNC_COMPLETE_EVERY.
-    Fields are required unless marked optional; --json adds types, defaults and descriptions."""
-    described = describe_providers(load_settings().complete_every)
-    if as_json:
-        emit_json(described)
-        return
-    out = stdout()
-    columns = [
-        Col("provider", key=True),
-        Col("tables", text="words"),
-        Col("config", text="words"),
-        Col("credentials", text="words"),
-    ]
-    rows: list[list[Cell]] = [
-        [
-            d["provider"],
-            ", ".join(
-                f"{t['name']} ({t['mode']}; deletions: {t['deletions']})" for t in d["tables"]
-            ),
-            _fields_text(d["config"]),
-            _fields_text(d["credentials"]),
-        ]
-        for d in described
-    ]
-    out.print(fitted_table(columns, rows, out.width))
-    out.print(Text("`connector-sync providers --json` gives types, defaults and descriptions"))
+# -- secrets, the embedded database and the demo ----------------------------------------------
 
 
 @secrets_app.command("rotate")

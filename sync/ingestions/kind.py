@@ -76,7 +76,7 @@ class Ingestions(Kind[Claimed, Handled]):
         within = parts.settings.lease_seconds * 0.8
         self.store = IngestionStore(parts.pool, retry=RetryPolicy(within=within))
         self._worker_id = parts.worker_id
-        self._providers = list(parts.providers)
+        self._providers = list(parts.providers())
         # The embedder of new chunks (CONNECTOR_SYNC_EMBEDDER), whose requests serve the attempt
         # running, and the caps and chunk settings (CONNECTOR_SYNC_DOCUMENTS_*).
         self.endpoint = EndpointContext(parts.settings.max_inline_wait)

@@ -39,12 +39,15 @@ def connector_inputs(
     config: Mapping[str, Any] | None,
     credentials: bytes | None,
     secrets: SecretBox | None,
+    cls: type[Connector[Any]] | None = None,
 ) -> tuple[type[Connector[Any]], BaseModel, dict[str, Any]]:
-    """The connector class, validated config and decrypted credentials of a connection."""
-    try:
-        cls = connectors.get(provider)
-    except connectors.UnknownProvider as exc:
-        raise ConnectorSetupError(str(exc)) from None
+    """The connector class (``cls``, else the provider's registered one), validated config and
+    decrypted credentials of a connection."""
+    if cls is None:
+        try:
+            cls = connectors.get(provider)
+        except connectors.UnknownProvider as exc:
+            raise ConnectorSetupError(str(exc)) from None
     try:
         validated = cls.config_model.model_validate(dict(config or {}))
     except ValidationError as exc:

@@ -31,7 +31,9 @@ class WorkerParts:
     secrets: SecretBox | None
     worker_id: str
     incarnation: UUID  # this start of the worker's process
-    providers: Sequence[str]  # the connectors this worker has installed
+    # The providers whose syncs this worker runs now: its plugins, and the declared providers
+    # loaded so far (read it at each claim).
+    providers: Callable[[], Sequence[str]]
     metrics: WorkerMetrics
     queues: Any = None  # the application queues of this process, their handlers registered
     listening: Callable[[], bool] = lambda: False  # the worker's LISTEN connection is up

@@ -59,7 +59,8 @@ class Runs(Kind[ClaimedRun, AttemptReport]):
         self.store = RunStore(parts.pool, retry=RetryPolicy(within=settings.lease_seconds * 0.8))
         self._outcomes = Outcomes(self.store)
         self._syncs = SyncJob(self.store, self._outcomes, settings, parts.secrets)
-        self._terms = ClaimTerms(parts.worker_id, settings.lease_seconds, list(parts.providers))
+        self._terms = ClaimTerms(parts.worker_id, settings.lease_seconds, [])
+        self._providers = parts.providers
         self._listening = parts.listening
         self._stopping = parts.stopping
         self._continuous = False  # in the worker's loop: the finish claims the next run
@@ -152,7 +153,11 @@ class Runs(Kind[ClaimedRun, AttemptReport]):
     def _claim_terms(self) -> ClaimTerms:
         """The claim's terms as of now: an empty claim may mark this worker idle, to be woken
         alone on its own channel, only while its loop runs and its LISTEN connection is up."""
-        return replace(self._terms, wakeable=self._continuous and self._listening())
+        return replace(
+            self._terms,
+            providers=list(self._providers()),
+            wakeable=self._continuous and self._listening(),
+        )
 
     def _seal(self, seal: Seal) -> bool:
         """The finish of the run just handled. In the loop it claims the next run in the same

@@ -17,6 +17,7 @@ import psycopg
 
 from connectors.base import Connector, Table
 from connectors.errors import Aborted, AuthError, ConnectorError, RetryableError
+from connectors.registry import plugins
 from sync.base import redact, tracing
 from sync.base.abort import AbortReason, AbortSignal
 from sync.base.secrets import SecretBox
@@ -24,6 +25,7 @@ from sync.base.settings import Settings
 from sync.errors import LeaseLost
 from sync.jobs.budgets import BudgetView
 from sync.jobs.connectors import ConnectorSetupError, connector_inputs
+from sync.jobs.declared import DeclaredProviders
 from sync.jobs.log import Logger
 from sync.jobs.outcome import database_error
 from sync.runs.checkpoints import RunCheckpoints
@@ -58,6 +60,7 @@ class SyncJob:
         self._outcomes = outcomes
         self._settings = settings
         self._secrets = secrets
+        self._declared = DeclaredProviders(store.pool)
 
     def run(self, run: ClaimedRun, abort: AbortSignal, logger: Logger) -> AttemptReport:
         before = {name: TableResult.from_json(r) for name, r in (run.results or {}).items()}
@@ -237,11 +240,16 @@ class SyncJob:
         checkpoints: RunCheckpoints,
     ) -> tuple[Connector, RunContext]:
         try:
+            pinned = None
+            if run.provider not in plugins():  # declared: the version it started on
+                pinned = self._declared.pinned(run.lease, run.provider)
             cls, config, credentials = connector_inputs(
-                run.provider, run.config, run.credentials, self._secrets
+                run.provider, run.config, run.credentials, self._secrets, pinned
             )
         except ConnectorSetupError as exc:
             raise _StopAttempt(exc.error) from None
+        except ConnectorError as exc:
+            raise _StopAttempt(JobError.of(exc)) from None
         assert run.connection_id is not None
         cursors = dict(run.cursors or {})
         context = RunContext(

@@ -98,9 +98,11 @@ class TenantStore(PooledStore):
         credentials: bytes | None,
         budget_key: str | None,
         schedule_seconds: float | None,
+        declared: bool = False,
     ) -> Connection | None:
         """A new connection (``credentials`` encrypted); None: no such workspace, or it is
-        deleted (``UniqueViolation``: the workspace has a connection by that name)."""
+        deleted, or (``declared``: the provider is a declared one) the provider was removed
+        (``UniqueViolation``: the workspace has a connection by that name)."""
         params = {
             "workspace_id": workspace_id,
             "name": name,
@@ -109,6 +111,7 @@ class TenantStore(PooledStore):
             "credentials": credentials,
             "budget_key": budget_key,
             "schedule_seconds": schedule_seconds,
+            "declared": declared,
         }
         return self._connection(QUERIES.create_connection, params)
 

@@ -58,6 +58,7 @@ def new_page(
     workspace_id = _number(source.get("workspace"))
     provider = str(source.get("provider") or "") or None
     workspaces = [w for w in engine.workspaces() if w.deleted_at is None]
+    engine.load_providers()  # the declared ones too, as they are now in the database
     context: dict[str, Any] = {
         "workspaces": workspaces,
         "providers": sorted(connectors.providers()),

@@ -12,8 +12,9 @@ run that executes for hours starves none of them; ``poll()`` then leaves them to
 and timers. Tests call ``poll()``, with no threads and no timers.
 
 A worker registers when it is created: its own incarnation of its id (process, host, version,
-start time) and the providers whose connectors it has loaded. It claims only syncs of those
-providers; a second live worker with the same id is refused.
+start time) and the providers whose connectors it has: its installed plugins, loaded once, and
+the declared providers of the database, loaded again every ``providers_interval``. It claims only
+syncs of those providers; a second live worker with the same id is refused.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import psycopg
 from prometheus_client.core import CounterMetricFamily
 from psycopg_pool import PoolTimeout
 
-import connectors
+from connectors.registry import plugins
 from sync.base.abort import AbortReason
 from sync.base.secrets import SecretBox
 from sync.base.settings import Settings
@@ -48,7 +49,13 @@ from sync.store import RunStore, WorkerRow
 from sync.store.db import Pool, first_line, listen_url
 from sync.store.migrations import check_schema
 from sync.worker.listener import Listener
-from sync.worker.services import Cleaner, Heartbeat, ScheduleEnqueuer, SeenKeySweeper
+from sync.worker.services import (
+    Cleaner,
+    Heartbeat,
+    ProviderLoader,
+    ScheduleEnqueuer,
+    SeenKeySweeper,
+)
 from sync.worker.slots import Slot
 
 log = logging.getLogger("sync.worker")
@@ -90,8 +97,10 @@ class Worker:
         handlers registered, for the kind that runs their jobs."""
         self.settings = settings
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        # Plugins are loaded once, at start: a package installed later needs a restart.
-        self.providers = sorted(providers if providers is not None else connectors.providers())
+        # Plugins are loaded once, at start: a package installed later needs a restart. Declared
+        # providers are loaded from the database now and every providers_interval.
+        self._plugins = sorted(providers if providers is not None else plugins())
+        self.provider_loader = ProviderLoader(pool, settings)
         self.incarnation = uuid.uuid4()
         self._registered = False  # this incarnation owns the id's row in `workers`
         self._open_here = False  # the id is in this process's _open_here
@@ -107,7 +116,7 @@ class Worker:
             worker_id=self.id,
             incarnation=self.incarnation,
             version=_version(),
-            providers=self.providers,
+            providers=lambda: self.providers,
             current_run=self._current_run_id,
             on_taken_over=self._taken_over,
         )
@@ -119,6 +128,7 @@ class Worker:
             self.schedules,
             self.sweeper,
             self.cleaner,
+            self.provider_loader,
         ]
         # While a unit runs, the lease keeper's thread also sends the heartbeat when it is due,
         # also when poll() is called without the services' timers.
@@ -131,6 +141,7 @@ class Worker:
         self.database_failures = 0  # consecutive polls in which the database failed
         with pool.connection() as conn:
             check_schema(conn, settings.schema_name)
+        self.provider_loader.run_once()
         self._register()
         parts = WorkerParts(
             pool=pool,
@@ -138,7 +149,7 @@ class Worker:
             secrets=secrets,
             worker_id=self.id,
             incarnation=self.incarnation,
-            providers=self.providers,
+            providers=lambda: self.providers,
             metrics=self.metrics,
             queues=queues,
             listening=self._listening,
@@ -168,11 +179,12 @@ class Worker:
         self._stages: list[tuple[str, Callable[[], bool]]] = [
             ("heartbeat", _inline(self.heartbeat)),
             ("schedules", _inline(self.schedules)),
+            ("providers", _inline(self.provider_loader)),
             *((MAIN_STAGE, _run_once(slot)) for slot in mains[:1]),
             *((_stage_name(slot), _run_once(slot)) for slot in self._lanes),
             ("sweep", _inline(self.sweeper)),
             ("clean", _inline(self.cleaner)),
-            *((service.name, _inline(service)) for service in self.services[4:]),
+            *((service.name, _inline(service)) for service in self.services[5:]),
         ]
 
     def _make_listener(self, url: str) -> Listener | None:
@@ -197,6 +209,11 @@ class Worker:
     def _listening(self) -> bool:
         listener = self._listener
         return self._running and listener is not None and listener.connected.is_set()
+
+    @property
+    def providers(self) -> list[str]:
+        """The providers this worker runs: its plugins and the declared providers loaded."""
+        return sorted({*self._plugins, *self.provider_loader.names})
 
     @property
     def runs_executed(self) -> int:

@@ -8,6 +8,7 @@ from sync.jobs.service import Service, ServiceSignals
 from sync.worker.services.cleaner import Cleaner, PruneReport, Retained, RetentionRules, prune
 from sync.worker.services.fleet_task import FleetTask
 from sync.worker.services.heartbeat import Heartbeat
+from sync.worker.services.providers import ProviderLoader
 from sync.worker.services.schedules import ScheduleEnqueuer
 from sync.worker.services.sweeper import SeenKeySweeper
 
@@ -15,6 +16,7 @@ __all__ = [
     "Cleaner",
     "FleetTask",
     "Heartbeat",
+    "ProviderLoader",
     "PruneReport",
     "Retained",
     "RetentionRules",

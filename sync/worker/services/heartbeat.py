@@ -1,6 +1,7 @@
-"""The worker's heartbeat: every ``heartbeat_interval`` it says in ``workers`` that it is alive
-and which run it executes. No row back means another process took the worker id over while
-this one was silent (frozen, cut off): then this one must stop."""
+"""The worker's heartbeat: every ``heartbeat_interval`` it says in ``workers`` that it is alive,
+which run it executes and which providers it runs (declared ones are added while it runs). No
+row back means another process took the worker id over while this one was silent (frozen, cut
+off): then this one must stop."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class Heartbeat(Service[bool]):
         worker_id: str,
         incarnation: uuid.UUID,
         version: str,
-        providers: Sequence[str],
+        providers: Callable[[], Sequence[str]],
         current_run: Callable[[], int | None],
         on_taken_over: Callable[[], None],
         clock: Ticks = time.monotonic,
@@ -43,7 +44,7 @@ class Heartbeat(Service[bool]):
         self._worker_id = worker_id
         self._incarnation = incarnation
         self._version = version
-        self._providers = list(providers)
+        self._providers = providers
         self._current_run = current_run
         self._on_taken_over = on_taken_over
 
@@ -53,7 +54,7 @@ class Heartbeat(Service[bool]):
             hostname=socket.gethostname(),
             pid=os.getpid(),
             version=self._version,
-            providers=self._providers,
+            providers=list(self._providers()),
             incarnation=self._incarnation,
             current_run_id=self._current_run(),
         )
