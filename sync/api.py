@@ -83,6 +83,7 @@ class Engine(IngestionsApi, ProvidersApi):
         self._secrets: SecretBox | None = None
         self._workspace_id: int | None = None
         self._queues: PostgresQueues | None = None
+        self._workers: list[Worker] = []  # closed with the engine, which owns their pool
 
     def __enter__(self) -> Engine:
         return self
@@ -91,6 +92,10 @@ class Engine(IngestionsApi, ProvidersApi):
         self.close()
 
     def close(self) -> None:
+        """Close the workers made on this engine (their ids are free again), then the pool."""
+        for worker in self._workers:
+            worker.close()
+        self._workers.clear()
         if self._workspace_id is None:
             self.pool.close()
 
@@ -484,7 +489,7 @@ class Engine(IngestionsApi, ProvidersApi):
         secrets = self.secrets
         if any(parse_lanes(self.settings.lanes).values()):
             install_handlers(self.queues, apps)
-        return Worker(
+        worker = Worker(
             self.pool,
             self.settings,
             self.url,
@@ -494,6 +499,8 @@ class Engine(IngestionsApi, ProvidersApi):
             queues=self.queues,
             kinds=list(kinds.installed().values()),
         )
+        self._workers.append(worker)
+        return worker
 
     def workers(self) -> list[WorkerInfo]:
         return self._overview.workers()

@@ -22,12 +22,14 @@ from rich.cells import cell_len
 from rich.console import Console
 
 from connectors.simulated.server import Simulation, start_server
-from sync import InvalidInput, Settings
+from sync import Engine, InvalidInput, Settings
 from sync.cli import app, main
 from sync.cli.commands import follow_progress, follow_view
 from sync.demo.checks import Check, print_summary
+from sync.errors import Conflict
 from sync.store.queries import QUERIES
 from tests.cli_backends import SCRIPT, Backend, Cli, WorkerProcess
+from tests.conftest import make_settings
 from tests.test_sync_flow import items, new_dataset
 
 TOKEN = "t0k3n-acme-never-printed"
@@ -257,6 +259,18 @@ def test_a_second_live_worker_with_the_same_id_is_refused_and_a_restart_records_
     assert again.returncode == 0, err
     (info,) = cli("workers", "--json").json()
     assert (info["id"], info["pid"], info["state"]) == ("dup", again.pid, "stopped")
+
+
+def test_closing_an_engine_frees_the_ids_of_the_workers_made_on_it(
+    engine: Engine, schema: str
+) -> None:
+    settings = make_settings(schema)
+    with Engine(settings) as first:
+        first.worker(worker_id="kept", listen=False)  # never closed by its caller
+        with Engine(settings) as other, pytest.raises(Conflict, match="already used"):
+            other.worker(worker_id="kept", listen=False)
+    with Engine(settings) as second:
+        second.worker(worker_id="kept", listen=False).close()
 
 
 @pytest.mark.slow

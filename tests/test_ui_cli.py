@@ -247,7 +247,7 @@ def test_a_worker_serves_its_own_metrics_on_the_metrics_port(schema: str) -> Non
         names = {f.name for f in text_string_to_metric_families(scrape.text)}
         assert {
             "connector_sync_worker_claim_seconds",
-            "connector_sync_worker_run_seconds",
+            "connector_sync_worker_attempt_seconds",
             "connector_sync_worker_records",
             "connector_sync_worker_rate_limit_waits",
             "connector_sync_worker_lease_losses",

@@ -104,6 +104,7 @@ class Worker:
         self.incarnation = uuid.uuid4()
         self._registered = False  # this incarnation owns the id's row in `workers`
         self._open_here = False  # the id is in this process's _open_here
+        self._closed = False
         self._pool = pool
         self._store = RunStore(pool)
         self._url = url
@@ -256,6 +257,7 @@ class Worker:
         if install_signals:
             self._install_signal_handlers()
         self._running = True
+        self._closed = False
         if not once:
             if self._listener is not None:
                 self._listener.start()
@@ -295,6 +297,10 @@ class Worker:
         self._wake.set()
 
     def close(self) -> None:
+        """Stop every part of the worker and release its id; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self._running = False
         if self._main is not None:
             try:
