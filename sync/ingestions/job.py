@@ -180,6 +180,13 @@ class DocumentJob:
             raise LeaseLost()
         start = begun.processed_units
         size = self._settings.ingestion_batch_size
+        # Which bytes the chunks come from: a later attempt resumes only on the same ones.
+        logger.info(
+            "%d chunk(s) of bytes sha256:%s, embedding from chunk %d",
+            total,
+            spooled.sha256[:16],
+            start,
+        )
         if start:
             logger.info(
                 "resumes at chunk %d of %d (batch %d), where an earlier attempt left it",
