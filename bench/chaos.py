@@ -15,10 +15,14 @@ deletes connections mid-sync. Restarts alternate a crash (immediate shutdown, wh
 unlogged seen-keys table) and a clean stop. Tables are read in pages of a few rows, so the
 faults land mid-table and later attempts resume them. Beside the syncs, every worker runs
 application jobs in lanes (bench/chaos_app.py: slow handlers that fail now and then, on a
-standard and an exclusive queue), sent throughout the faults. Then the faults stop, every
-connection gets a last clean sync, every job is let finish, and the run checks and prints what
-must be zero: for the jobs, none lost, none completed twice, no attempt completed past its
-expiry, none left active. Exit status 1 if any of it is not.
+standard and an exclusive queue), sent throughout the faults, and ingests, in its ingestion
+lane, the files that the connections of every sixth tenant sync from the simulated document
+store (bench/chaos_ingestions.py). Then the faults stop, every connection gets a last clean
+sync, every job and ingestion is let finish, and the run checks and prints what must be zero:
+for the jobs, none lost, none completed twice, no attempt completed past its expiry, none left
+active; for the ingestions, none lost, no batch embedded more than once past the one allowed,
+no chunk past a document's tail, no request sent inside a provider's window a worker had
+recorded. Exit status 1 if any of it is not.
 """
 
 from __future__ import annotations
