@@ -607,6 +607,8 @@ class Chaos:
         with engine.pool.connection() as conn:
             audit = conn.execute("SELECT key, blocked_until, at FROM chaos_budget_audit").fetchall()
         windows = ingestions.windows_of(self.simulation, self.url, audit)
+        for said in windows.samples[:20]:
+            console.print(f"request inside a recorded window: {said}")
         lost = ingestions.files_lost(engine, self.simulation)
         if lost:
             console.print(f"files lost: {', '.join(lost[:20])}")

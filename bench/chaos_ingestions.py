@@ -246,14 +246,14 @@ def inside_recorded_windows(
     windows: Iterable[tuple[float, float]],
     recorded: Sequence[tuple[float, float]],
     grace: float = GRACE,
-) -> tuple[int, int]:
+) -> tuple[int, dict[float, str]]:
     """(windows some worker recorded, requests that arrived inside one of those windows more
-    than ``grace`` seconds after it was recorded). ``requests``: arrival times; ``windows``:
-    (announced, ends) as the provider said; ``recorded``: (at, blocked until) of each record of
-    the budget."""
+    than ``grace`` seconds after it was recorded, each arrival with its window).
+    ``requests``: arrival times; ``windows``: (announced, ends) as the provider said;
+    ``recorded``: (at, blocked until) of each record of the budget."""
     arrivals = sorted(requests)
     heard = 0
-    inside: set[int] = set()
+    inside: dict[float, str] = {}
     for start, end in windows:
         times = [at for at, until in recorded if start <= at < end and until >= end - 0.01]
         if not times:
@@ -261,8 +261,13 @@ def inside_recorded_windows(
         heard += 1
         first = bisect.bisect_left(arrivals, min(times) + grace)
         last = bisect.bisect_left(arrivals, end)
-        inside.update(range(first, last))
-    return heard, len(inside)
+        for arrival in arrivals[first:last]:
+            inside[arrival] = (
+                f"+{arrival - start:.3f} s into a window of {end - start:g} s announced at "
+                f"{datetime.fromtimestamp(start):%H:%M:%S.%f}, recorded "
+                f"{min(times) - start:.3f} s after it began"
+            )
+    return heard, inside
 
 
 @dataclass
@@ -270,6 +275,7 @@ class WindowCount:
     announced: int = 0
     recorded: int = 0
     inside: int = 0
+    samples: list[str] = field(default_factory=list)  # the first requests inside, said
 
 
 def windows_of(
@@ -293,7 +299,8 @@ def windows_of(
             heard, inside = inside_recorded_windows(requests, windows, by_key.get(key or "", []))
             count.announced += len(windows)
             count.recorded += heard
-            count.inside += inside
+            count.inside += len(inside)
+            count.samples += [f"{tenant.name} {api}: {said}" for said in inside.values()][:10]
     return count
 
 
