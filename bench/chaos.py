@@ -355,6 +355,7 @@ class Chaos:
         self.timers: list[threading.Timer] = []
         self.sent: set[int] = set()  # application jobs sent
         self.crashes: list[float] = []  # when Postgres was stopped with -m immediate
+        self.resumes: list[float] = []  # when a frozen worker was let go on
         self.embeddings = ingestions.EmbeddingEndpoint()
         self.url = ""  # the simulated provider's
 
@@ -517,9 +518,10 @@ class Chaos:
         timer.start()
         self.timers.append(timer)
 
-    @staticmethod
-    def _resume(slot: Slot) -> None:
+    def _resume(self, slot: Slot) -> None:
         if slot.process is not None and slot.process.poll() is None:
+            if slot.stopped:
+                self.resumes.append(time.time())
             slot.process.send_signal(signal.SIGCONT)
         slot.stopped = False
 
@@ -606,7 +608,7 @@ class Chaos:
         allowed, past = ingestions.embedded_again(embeds, self.crashes)
         with engine.pool.connection() as conn:
             audit = conn.execute("SELECT key, blocked_until, at FROM chaos_budget_audit").fetchall()
-        windows = ingestions.windows_of(self.simulation, self.url, audit)
+        windows = ingestions.windows_of(self.simulation, self.url, audit, self.resumes)
         for said in windows.samples[:20]:
             console.print(f"request inside a recorded window: {said}")
         lost = ingestions.files_lost(engine, self.simulation)
@@ -619,6 +621,7 @@ class Chaos:
             "batches embedded again after an attempt ended early (allowed)": allowed,
             "windows announced by the provider's 429s": windows.announced,
             "of them recorded in a shared budget by a worker": windows.recorded,
+            "requests inside one that a frozen worker sent as it was resumed": windows.excused,
         }
         checks = {
             "live files neither indexed as the provider has them nor failed": len(lost),

@@ -23,7 +23,9 @@ What must come out zero:
 - requests inside a provider's window: the simulated provider notes when each request arrived
   and each window its 429s announced; a request counts if it arrived inside a window more than
   ``GRACE`` seconds after a worker had recorded that window in the shared rate budget (an audit
-  trigger notes each record), since no worker may send into a window it can know of.
+  trigger notes each record), since no worker may send into a window it can know of. A request
+  arriving within ``GRACE`` of a frozen worker's resume is left out (and counted apart): the
+  worker read the budget before it was stopped, and the request was on its way.
 """
 
 from __future__ import annotations
@@ -245,15 +247,19 @@ def inside_recorded_windows(
     requests: Sequence[float],
     windows: Iterable[tuple[float, float]],
     recorded: Sequence[tuple[float, float]],
+    resumes: Sequence[float] = (),
     grace: float = GRACE,
-) -> tuple[int, dict[float, str]]:
+) -> tuple[int, dict[float, str], int]:
     """(windows some worker recorded, requests that arrived inside one of those windows more
-    than ``grace`` seconds after it was recorded, each arrival with its window).
-    ``requests``: arrival times; ``windows``: (announced, ends) as the provider said;
-    ``recorded``: (at, blocked until) of each record of the budget."""
+    than ``grace`` seconds after it was recorded, each arrival with its window, and those left
+    out because they arrived within ``grace`` of a frozen worker's resume). ``requests``:
+    arrival times; ``windows``: (announced, ends) as the provider said; ``recorded``: (at,
+    blocked until) of each record of the budget; ``resumes``: when a frozen worker went on (a
+    request it had on its way when it was stopped, its budget read already, arrives then)."""
     arrivals = sorted(requests)
     heard = 0
     inside: dict[float, str] = {}
+    excused: set[float] = set()
     for start, end in windows:
         times = [at for at, until in recorded if start <= at < end and until >= end - 0.01]
         if not times:
@@ -262,12 +268,15 @@ def inside_recorded_windows(
         first = bisect.bisect_left(arrivals, min(times) + grace)
         last = bisect.bisect_left(arrivals, end)
         for arrival in arrivals[first:last]:
+            if any(0 <= arrival - resumed < grace for resumed in resumes):
+                excused.add(arrival)
+                continue
             inside[arrival] = (
                 f"+{arrival - start:.3f} s into a window of {end - start:g} s announced at "
                 f"{datetime.fromtimestamp(start):%H:%M:%S.%f}, recorded "
                 f"{min(times) - start:.3f} s after it began"
             )
-    return heard, inside
+    return heard, inside, len(excused)
 
 
 @dataclass
@@ -275,14 +284,19 @@ class WindowCount:
     announced: int = 0
     recorded: int = 0
     inside: int = 0
+    excused: int = 0  # inside, but sent by a frozen worker as it was resumed
     samples: list[str] = field(default_factory=list)  # the first requests inside, said
 
 
 def windows_of(
-    simulation: Simulation, base_url: str, audit: Sequence[Mapping[str, Any]]
+    simulation: Simulation,
+    base_url: str,
+    audit: Sequence[Mapping[str, Any]],
+    resumes: Sequence[float] = (),
 ) -> WindowCount:
     """The windows every tenant's APIs announced, those a worker recorded, and the requests
-    that came inside a recorded one (``audit``: the rows of ``chaos_budget_audit``)."""
+    that came inside a recorded one (``audit``: the rows of ``chaos_budget_audit``;
+    ``resumes``: when a frozen worker was let go on)."""
     by_key: defaultdict[str, list[tuple[float, float]]] = defaultdict(list)
     for row in audit:
         by_key[row["key"]].append((row["at"].timestamp(), row["blocked_until"].timestamp()))
@@ -296,10 +310,13 @@ def windows_of(
                 continue
             key = budget_key_of(connector, connector.provider, config, {})
             requests = [at for a, at in timeline.requests if a == api]
-            heard, inside = inside_recorded_windows(requests, windows, by_key.get(key or "", []))
+            heard, inside, excused = inside_recorded_windows(
+                requests, windows, by_key.get(key or "", []), resumes
+            )
             count.announced += len(windows)
             count.recorded += heard
             count.inside += len(inside)
+            count.excused += excused
             count.samples += [f"{tenant.name} {api}: {said}" for said in inside.values()][:10]
     return count
 

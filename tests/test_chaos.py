@@ -212,3 +212,7 @@ def test_a_request_inside_a_recorded_window_is_counted(clock: list[float]) -> No
     assert (counted.announced, counted.recorded, counted.inside) == (1, 1, 1)
     other = [{"key": "simulated_docs:another", "at": stamp(1_001.1), "blocked_until": stamp(1_005)}]
     assert ingestions.windows_of(simulation, url, other).inside == 0  # nobody had heard of it
+    # A worker frozen with its request on its way, its budget read, sends it as it is resumed.
+    resumed = ingestions.windows_of(simulation, url, audit, resumes=[1_001.8])
+    assert (resumed.inside, resumed.excused) == (0, 1)
+    assert ingestions.windows_of(simulation, url, audit, resumes=[1_001.4]).inside == 1
