@@ -177,7 +177,7 @@ class EmbeddingEndpoint:
 
 _LINE = re.compile(
     r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*?"
-    r"(?:(?P<total>\d+) chunk\(s\) of bytes sha256:(?P<sha>\w+), embedding from chunk \d+"
+    r"(?:\d+ chunk\(s\) of bytes sha256:(?P<sha>\w+), embedding from chunk \d+"
     r"|embedded chunks (?P<first>\d+)-\d+ of \d+)"
     r" \[ingestion=(?P<ingestion>\d+) attempt=\d+ worker=(?P<worker>\S+)\]"
 )
@@ -201,21 +201,24 @@ def read_embeds(lines: Iterable[str]) -> Embeds:
     """The embeds the workers' logs name, each log in order (each attempt states its bytes
     before its first batch; a worker runs one attempt of an ingestion at a time)."""
     embeds = Embeds()
-    current: dict[tuple[str, int], tuple[str, list[bool]]] = {}
+    bytes_of: dict[tuple[str, int], str] = {}  # (worker, ingestion): its attempt's bytes
+    embedding: set[tuple[str, int]] = set()  # attempts that have embedded a batch
     for line in lines:
         found = _LINE.match(line)
         if found is None:
             continue
         at = datetime.strptime(found["at"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        ingestion, key = int(found["ingestion"]), (found["worker"], int(found["ingestion"]))
-        if found["sha"] is not None:
-            current[key] = (found["sha"], [False])
+        ingestion = int(found["ingestion"])
+        key = (found["worker"], ingestion)
+        if found["sha"] is not None:  # an attempt begins
+            bytes_of[key] = found["sha"]
+            embedding.discard(key)
             continue
-        if key not in current:
+        sha = bytes_of.get(key)
+        if sha is None:
             continue  # its attempt began in a log that is gone; nothing to compare it with
-        sha, counted = current[key]
-        if not counted[0]:
-            counted[0] = True
+        if key not in embedding:
+            embedding.add(key)
             embeds.attempts[(ingestion, sha)] += 1
         embeds.batches.setdefault((ingestion, sha, int(found["first"])), []).append(at)
     return embeds
