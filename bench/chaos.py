@@ -618,6 +618,9 @@ class Chaos:
             "batches embedded (workers' logs)": embeds.embedded,
             "embedding requests served": self.embeddings.requests,
             "ingestions resumed mid-way by a later attempt": self.logged("resumes at chunk"),
+            "attempts ended because a crash lost their last batches": self.logged(
+                "the database lost the last batches"
+            ),
             "batches embedded again after an attempt ended early (allowed)": allowed,
             "windows announced by the provider's 429s": windows.announced,
             "of them recorded in a shared budget by a worker": windows.recorded,
