@@ -15,10 +15,14 @@ deletes connections mid-sync. Restarts alternate a crash (immediate shutdown, wh
 unlogged seen-keys table) and a clean stop. Tables are read in pages of a few rows, so the
 faults land mid-table and later attempts resume them. Beside the syncs, every worker runs
 application jobs in lanes (bench/chaos_app.py: slow handlers that fail now and then, on a
-standard and an exclusive queue), sent throughout the faults. Then the faults stop, every
-connection gets a last clean sync, every job is let finish, and the run checks and prints what
-must be zero: for the jobs, none lost, none completed twice, no attempt completed past its
-expiry, none left active. Exit status 1 if any of it is not.
+standard and an exclusive queue), sent throughout the faults, and ingests, in its ingestion
+lane, the files that the connections of every sixth tenant sync from the simulated document
+store (bench/chaos_ingestions.py). Then the faults stop, every connection gets a last clean
+sync, every job and ingestion is let finish, and the run checks and prints what must be zero:
+for the jobs, none lost, none completed twice, no attempt completed past its expiry, none left
+active; for the ingestions, none lost, no batch embedded more than once past the one allowed,
+no chunk past a document's tail, no request sent inside a provider's window a worker had
+recorded. Exit status 1 if any of it is not.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import chaos_app
+from bench import chaos_ingestions as ingestions
 from bench.common import PrivatePostgres, add_json_option, machine_info, print_json
 from connectors.simulated.server import Simulation, start_server
 from sync import Engine, Settings
@@ -349,6 +354,10 @@ class Chaos:
         self.faults_began = 0.0
         self.timers: list[threading.Timer] = []
         self.sent: set[int] = set()  # application jobs sent
+        self.crashes: list[float] = []  # when Postgres was stopped with -m immediate
+        self.resumes: list[float] = []  # when a frozen worker was let go on
+        self.embeddings = ingestions.EmbeddingEndpoint()
+        self.url = ""  # the simulated provider's
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -367,6 +376,8 @@ class Chaos:
             max_inline_wait=2.0,
             statement_timeout=20.0,
             lock_timeout=5.0,
+            embeddings_url=self.embeddings.url,
+            **ingestions.settings(),
         )
 
     def setup(self) -> Engine:
@@ -377,6 +388,7 @@ class Chaos:
         engine.migrate()
         with engine.pool.connection() as conn:
             conn.execute(AUDIT)
+            conn.execute(ingestions.AUDIT)
         chaos_app.declare(engine.queues)
         for t in range(self.plan.tenants):
             tenant = self.simulation.add_tenant(f"t{t}", size=30, seed=t, page_delay=0.01)
@@ -386,13 +398,17 @@ class Chaos:
                 rate_limit_every=17, unavailable_every=23, retry_after=1.0 if t % 2 else 3.0
             )
         url, self.stop_server = start_server(self.simulation)
+        self.url = url
         workspaces = [engine.create_workspace(f"ws{w}") for w in range(self.plan.workspaces)]
         for c in range(self.plan.connections):
             tenant = f"t{c % self.plan.tenants}"
+            provider = "simulated" if c % 2 == 0 else "simulated_crm"
+            if ingestions.is_docs(c, self.plan.tenants):
+                provider = "simulated_docs"  # its files are ingested too
             engine.create_connection(
                 workspaces[c % len(workspaces)].id,
                 f"c{c}",
-                "simulated" if c % 2 == 0 else "simulated_crm",
+                provider,
                 config={"base_url": url, "tenant": tenant, "page_size": 5},
                 credentials={"token": f"sim-{tenant}"},
                 schedule_every=self.random.uniform(3, 8),
@@ -461,7 +477,10 @@ class Chaos:
                 return
             self.last_restart = time.monotonic()
             # The first restart is a crash (immediate shutdown), the next a clean one, in turn.
-            self.postgres.restart("immediate" if self.fired[kind] % 2 == 0 else "fast")
+            crash = self.fired[kind] % 2 == 0
+            if crash:
+                self.crashes.append(time.time())
+            self.postgres.restart("immediate" if crash else "fast")
         elif kind == "cancel":
             running = engine.runs(status="running", limit=200)
             syncs = [r for r in running if r.kind == "sync"]
@@ -499,9 +518,10 @@ class Chaos:
         timer.start()
         self.timers.append(timer)
 
-    @staticmethod
-    def _resume(slot: Slot) -> None:
+    def _resume(self, slot: Slot) -> None:
         if slot.process is not None and slot.process.poll() is None:
+            if slot.stopped:
+                self.resumes.append(time.time())
             slot.process.send_signal(signal.SIGCONT)
         slot.stopped = False
 
@@ -520,11 +540,11 @@ class Chaos:
             tenant.configure(rate_limit_every=None, unavailable_every=None)
         with engine.pool.connection() as conn:
             conn.execute("UPDATE connections SET next_run_at = NULL")  # schedules off
-        self.wait_idle(engine, 120)
+        self.wait_idle(engine, 180)
         for connection in engine.connections():
             if connection.status == "active":
                 engine.sync(connection.id, trigger="clean")
-        self.wait_idle(engine, 120)
+        self.wait_idle(engine, 180)
 
     @staticmethod
     def wait_idle(engine: Engine, timeout: float) -> None:
@@ -535,14 +555,20 @@ class Chaos:
                     "SELECT (SELECT count(*) FROM connection_runs "
                     "         WHERE status IN ('waiting', 'queued', 'running')) "
                     "     + (SELECT count(*) FROM jobs "
-                    "         WHERE status IN ('queued', 'retrying', 'active')) AS n"
+                    "         WHERE status IN ('queued', 'retrying', 'active')) "
+                    "     + (SELECT count(*) FROM ingestions "
+                    "         WHERE status IN ('queued', 'running')) AS n"
                 ).fetchone()
             if row and row["n"] == 0:
                 return
             time.sleep(0.5)
 
     def differing_connections(self, engine: Engine) -> list[str]:
-        tables = {"simulated": ("projects", "issues"), "simulated_crm": ("contacts", "deals")}
+        tables = {
+            "simulated": ("projects", "issues"),
+            "simulated_crm": ("contacts", "deals"),
+            "simulated_docs": ("files",),
+        }
         differ = []
         for connection in engine.connections():
             if connection.status != "active":
@@ -571,9 +597,41 @@ class Chaos:
     def logged(self, line: str) -> int:
         """How often the workers' logs say ``line``: a table an attempt took up where an
         earlier one left it, a table read again because its seen keys were lost."""
-        return sum(
-            log.read_text(errors="replace").count(line) for log in self.root.glob("worker-*.log")
-        )
+        return sum(log.count(line) for log in self.logs())
+
+    def logs(self) -> list[str]:
+        return [log.read_text(errors="replace") for log in self.root.glob("worker-*.log")]
+
+    def ingestion_reckoning(self, engine: Engine) -> tuple[dict[str, int], dict[str, int]]:
+        """The ingestions' figures and checks that the database alone cannot give."""
+        embeds = ingestions.read_embeds(line for log in self.logs() for line in log.splitlines())
+        allowed, past = ingestions.embedded_again(embeds, self.crashes)
+        with engine.pool.connection() as conn:
+            audit = conn.execute("SELECT key, blocked_until, at FROM chaos_budget_audit").fetchall()
+        windows = ingestions.windows_of(self.simulation, self.url, audit, self.resumes)
+        for said in windows.samples[:20]:
+            console.print(f"request inside a recorded window: {said}")
+        lost = ingestions.files_lost(engine, self.simulation)
+        if lost:
+            console.print(f"files lost: {', '.join(lost[:20])}")
+        figures = {
+            "batches embedded (workers' logs)": embeds.embedded,
+            "embedding requests served": self.embeddings.requests,
+            "ingestions resumed mid-way by a later attempt": self.logged("resumes at chunk"),
+            "attempts ended because a crash lost their last batches": self.logged(
+                "the database lost the last batches"
+            ),
+            "batches embedded again after an attempt ended early (allowed)": allowed,
+            "windows announced by the provider's 429s": windows.announced,
+            "of them recorded in a shared budget by a worker": windows.recorded,
+            "requests inside one that a frozen worker sent as it was resumed": windows.excused,
+        }
+        checks = {
+            "live files neither indexed as the provider has them nor failed": len(lost),
+            "batches embedded more than once past the one allowed": past,
+            "requests inside a window a worker had recorded": windows.inside,
+        }
+        return figures, checks
 
     def report(self, engine: Engine, out: Console) -> dict[str, object]:
         """Print the faults and the reckoning; return them (``ok``: every zero is zero)."""
@@ -591,7 +649,15 @@ class Chaos:
             checks.update(
                 {name: conn.execute(sql, jobs).fetchone() for name, sql in JOB_CHECKS.items()}
             )
+            figures.update(
+                {name: conn.execute(sql).fetchone() for name, sql in ingestions.FIGURES.items()}
+            )
+            checks.update(
+                {name: conn.execute(sql).fetchone() for name, sql in ingestions.CHECKS.items()}
+            )
         values = {n: int(next(iter(r.values()))) for n, r in checks.items() if r}
+        more_figures, more_checks = self.ingestion_reckoning(engine)
+        values.update(more_checks)
         differ = self.differing_connections(engine)
         values["connections whose records differ from the provider"] = len(differ)
         values["deleted connections with data left"] = self.leftovers_of_deleted(engine)
@@ -607,8 +673,10 @@ class Chaos:
         for name, row in figures.items():
             summary.add_row(name, str(next(iter(row.values())) if row else "?"), "")
         summary.add_row("workers that exited and were started again", str(self.respawned), "")
-        resumed = self.logged("where an earlier attempt left it")
+        resumed = self.logged("where an earlier attempt left it") - self.logged("resumes at chunk")
         summary.add_row("tables resumed mid-way by a later attempt", str(resumed), "")
+        for name, value in more_figures.items():
+            summary.add_row(name, str(value), "")
         lost = self.logged("unlogged run_seen_keys): reading the table again")
         summary.add_row("tables read again after a crash emptied their seen keys", str(lost), "")
         ok = True
@@ -640,7 +708,10 @@ class Chaos:
             "faults_fired": {kind: self.fired[kind] for kind in FAULTS},
             "faults_fired_too_rarely": missing,
             "figures": {
-                name: next(iter(row.values())) if row else None for name, row in figures.items()
+                **{
+                    name: next(iter(row.values())) if row else None for name, row in figures.items()
+                },
+                **more_figures,
             },
             "workers_started_again": self.respawned,
             "must_be_zero": values,
@@ -670,6 +741,7 @@ def main() -> None:
             **os.environ,
             "CONNECTOR_SYNC_SECRET_KEYS": chaos.key,
             "CONNECTOR_SYNC_LANES": chaos_app.LANES,
+            **ingestions.environment(),
         }
         for name, value in chaos.settings().model_dump(exclude_unset=True).items():
             if name in ("database_url", "secret_keys", "home", "schema_name") or value is None:
@@ -692,6 +764,7 @@ def main() -> None:
         if engine is not None:
             engine.close()
         chaos.stop_server()
+        chaos.embeddings.stop()
         with contextlib.suppress(subprocess.CalledProcessError, FileNotFoundError):
             chaos.postgres.stop()
         if not args.keep and ok:

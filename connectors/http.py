@@ -80,6 +80,11 @@ class _Transient(Exception):
         self.message = message
 
 
+class _BudgetSpent(RateLimited):
+    """A window the shared budget holds, too long to sleep out inside the job: recorded
+    already, so nothing reports it again."""
+
+
 class _Sink:
     """Where a download's body goes: ``out``, from the position it had when the download began.
     Every try starts there again, so a retried or refused body leaves nothing behind."""
@@ -288,6 +293,8 @@ class HttpClient:
                 response = self._send_with_retries(
                     method, url, params, headers, json, data, follow_redirects, sink
                 )
+            except _BudgetSpent:  # a retry held by a window another job heard of
+                raise
             except RateLimited as limited:  # the token endpoint asked us to wait
                 if not self._wait_inline(limited, tries):
                     raise
@@ -404,7 +411,7 @@ class HttpClient:
         if wait <= self._max_inline_wait:
             self._rate_limit_sleep(wait)
             return
-        raise RateLimited(f"the shared rate budget is exhausted until {until:%H:%M:%S} UTC", wait)
+        raise _BudgetSpent(f"the shared rate budget is exhausted until {until:%H:%M:%S} UTC", wait)
 
     def _send_with_retries(
         self,
@@ -426,6 +433,10 @@ class HttpClient:
         )
         try:
             for attempt in retrying:
+                if attempt.retry_state.attempt_number > 1:
+                    # A window another job heard of while this one backed off holds the retry
+                    # too (the first try was checked by the caller).
+                    self._respect_budget()
                 with attempt, _request_span(method) as span:
                     response = self._send_once(
                         method, url, params, headers, json, data, follow_redirects, sink

@@ -100,14 +100,30 @@ RETURNING i.processed_units, i.document_id;
 -- name: record_ingestion_batch
 -- The fence of one batch's transaction, and its checkpoint: the new processed_units, written
 -- only while this claim holds the ingestion, with the row locked until the batch's chunks are
--- written in the same transaction. Zero rows: the lease is lost. cancel_requested: stop here.
--- It also renews the lease, in the row update it makes anyway: under the same conditions as
--- renew_ingestion_lease (this owner, running, a live lease), so an expired lease is never
--- revived, and a batch's progress is proof of life even when the lease keeper is slow.
-UPDATE ingestions SET processed_units = %(processed_units)s,
-                      lease_expires_at = now() + %(lease)s
- WHERE ingestion_fence_v1(ingestions, %(ingestion_id)s, %(lease_owner)s)
-RETURNING cancel_requested_at IS NOT NULL AS cancel_requested;
+-- written in the same transaction, and only onto the checkpoint the batch follows
+-- (from_units): batches commit without waiting for their WAL flush, so a crash may lose the
+-- last ones while the worker goes on, and a checkpoint moved past them would leave a hole of
+-- chunks in a document marked ready. Zero rows: the lease is lost; advanced = false: the
+-- checkpoint is not the one the batch follows (checkpoint says where it is), and nothing is
+-- written. cancel_requested: stop here. It also renews the lease, in the row update it makes
+-- anyway: under the same conditions as renew_ingestion_lease (this owner, running, a live
+-- lease), so an expired lease is never revived, and a batch's progress is proof of life even
+-- when the lease keeper is slow.
+WITH held AS (
+    SELECT i.id, i.processed_units, i.cancel_requested_at FROM ingestions i
+     WHERE ingestion_fence_v1(i, %(ingestion_id)s, %(lease_owner)s)
+       FOR NO KEY UPDATE
+), moved AS (
+    UPDATE ingestions i
+       SET processed_units = %(processed_units)s, lease_expires_at = now() + %(lease)s
+      FROM held
+     WHERE i.id = held.id AND held.processed_units = %(from_units)s
+    RETURNING i.id
+)
+SELECT held.cancel_requested_at IS NOT NULL AS cancel_requested,
+       held.processed_units AS checkpoint,
+       EXISTS (SELECT 1 FROM moved) AS advanced
+  FROM held;
 
 -- name: fence_ingestion
 -- Locks an ingestion this claim still holds, for a fenced write that follows in the same
@@ -120,15 +136,19 @@ SELECT id FROM ingestions
 -- Marks the file's document ready, fenced, and only under the scope it was indexed for: a
 -- synced file's record must still hold the content hash the attempt described (so the same
 -- name, scope and version) and be live, and its connection must still exist in the
--- ingestion's workspace, not being deleted. fenced = 0: the lease is lost; finished = 0 with
--- fenced = 1: the file changed or moved meanwhile, and nothing was marked ready.
+-- ingestion's workspace, not being deleted. An attempt that wrote chunks passes how many
+-- (written): its checkpoint must still say so, since a crash may have lost the last batches'
+-- commits (see record_ingestion_batch), and a document is never ready with a hole. fenced = 0:
+-- the lease is lost; finished = 0 with fenced = 1: the file changed or moved meanwhile, or the
+-- checkpoint is short of written (checkpoint says where it is), and nothing was marked ready.
 WITH fence AS (
     SELECT i.* FROM ingestions i
      WHERE ingestion_fence_v1(i, %(ingestion_id)s, %(lease_owner)s)
        FOR NO KEY UPDATE
 ), still AS (
     SELECT f.id FROM fence f
-     WHERE f.source = 'local'
+     WHERE (%(written)s::integer IS NULL OR f.processed_units = %(written)s)
+       AND (f.source = 'local'
         OR (EXISTS (SELECT 1 FROM connections c
                      WHERE c.id = f.connection_id AND c.workspace_id = f.workspace_id
                        AND c.status <> 'deleting')
@@ -136,7 +156,7 @@ WITH fence AS (
                          WHERE r.connection_id = f.connection_id
                            AND r.table_name = f.table_name AND r.external_id = f.external_id
                            AND r.deleted_at IS NULL
-                           AND r.content_hash = %(record_hash)s))
+                           AND r.content_hash = %(record_hash)s)))
 ), doc AS (
     UPDATE documents d
        SET status = 'ready', ready_at = now(), name = %(name)s, scope = %(scope)s,
@@ -157,7 +177,8 @@ WITH fence AS (
      WHERE i.id = %(ingestion_id)s
     RETURNING i.id
 )
-SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM done) AS finished;
+SELECT (SELECT count(*) FROM fence) AS fenced, (SELECT count(*) FROM done) AS finished,
+       (SELECT processed_units FROM fence) AS checkpoint;
 
 -- name: end_ingestion
 -- Ends an ingestion skipped, failed or cancelled, fenced: a stale worker ends nothing.

@@ -227,6 +227,34 @@ def test_a_spent_shared_budget_waits_or_ends_the_attempt(
     assert route.call_count == 1
 
 
+def test_a_retry_after_a_503_waits_for_a_window_another_job_heard_of_meanwhile(
+    respx_mock: respx.MockRouter, context: FakeContext
+) -> None:
+    def unavailable_while_another_job_hears_of_a_window(request: httpx.Request) -> httpx.Response:
+        context.blocked_until = datetime.now(UTC) + timedelta(seconds=10)
+        return httpx.Response(503)
+
+    route = respx_mock.get(f"{BASE}/items").mock(
+        side_effect=[unavailable_while_another_job_hears_of_a_window, httpx.Response(200, json=[])]
+    )
+    with HttpClient(context, base_url=BASE) as http:
+        http.get("/items")
+        # The retry waited out the window before it was sent, as any first try does.
+        assert len(context.rate_limit_waits) == 1 and 8 < context.rate_limit_waits[0] <= 10
+        context.blocked_until = None
+        route.side_effect = [
+            unavailable_while_another_job_hears_of_a_window,
+            httpx.Response(200, json=[]),
+        ]
+        context.max_inline_wait = 5.0
+        # Too long a window to sleep out inside the job: the retry is not sent at all, and the
+        # window, recorded already, is not reported again.
+        with pytest.raises(RateLimited, match="shared rate budget"):
+            HttpClient(context, base_url=BASE).get("/items")
+    assert route.call_count == 3
+    assert context.rate_limits == []
+
+
 def test_messages_never_show_the_query_string(
     respx_mock: respx.MockRouter, context: FakeContext
 ) -> None:

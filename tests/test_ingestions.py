@@ -144,6 +144,84 @@ def test_a_shutdown_hands_it_back_without_spending_an_attempt(
     assert resumed.embedded == (done.total_units or 0) - 60
 
 
+def lose_last_batch(admin: Any, ingestion_id: int) -> None:
+    """What a Postgres crash does to a batch committed without waiting for its WAL flush: its
+    checkpoint and its chunks are gone, while the worker that wrote it goes on."""
+    row = admin.execute(
+        "UPDATE ingestions SET processed_units = processed_units - 20 WHERE id = %s "
+        "RETURNING processed_units, document_id",
+        (ingestion_id,),
+    ).fetchone()
+    admin.execute(
+        "DELETE FROM document_chunks WHERE document_id = %s AND chunk_index >= %s",
+        (row["document_id"], row["processed_units"]),
+    )
+
+
+def resume_after_the_crash(engine: Engine, admin: Any, ingestion_id: int) -> Any:
+    requeued = engine.ingestion(ingestion_id)
+    assert requeued.status == "queued" and requeued.error is not None
+    assert "the database lost the last batches" in requeued.error["message"]
+    admin.execute("UPDATE ingestions SET queued_at = now() WHERE id = %s", (ingestion_id,))
+    worker = worker_with(engine)
+    try:
+        drain(worker)
+    finally:
+        worker.close()
+    return engine.ingestion(ingestion_id)
+
+
+def test_a_batch_a_crash_lost_is_written_again_before_the_document_is_ready(
+    small_batches: Engine, admin: Any, tmp_path: Path
+) -> None:
+    engine = small_batches
+    ws = engine.create_workspace("docs")
+    path = write_text(tmp_path / "long.txt", paragraphs=120)
+    total = chunk_count(path)
+    ingestion = engine.ingest(path, ws.id)
+
+    # Three batches are written; the third one's commit is lost to a crash before the fourth.
+    def crash_at(batch: int) -> None:
+        if batch == 4:
+            lose_last_batch(admin, ingestion.id)
+
+    worker = worker_with(engine, CountingEmbedder(before=crash_at))
+    try:
+        assert worker.poll()
+    finally:
+        worker.close()
+    done = resume_after_the_crash(engine, admin, ingestion.id)
+    assert done.status == "ready" and total > 80
+    assert [r[0] for r in stored_chunks(admin, done.document_id or 0)] == list(range(total))
+
+
+def test_a_last_batch_a_crash_lost_keeps_the_document_from_being_ready(
+    small_batches: Engine, admin: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = small_batches
+    ws = engine.create_workspace("docs")
+    path = write_text(tmp_path / "long.txt", paragraphs=120)
+    total = chunk_count(path)
+    ingestion = engine.ingest(path, ws.id)
+    worker = worker_with(engine)
+    store = worker.slot("ingestion").kind.store
+    delete_tail = store.delete_tail
+
+    # Every batch is written; the last one's commit is lost to a crash before the finish.
+    def crash_first(*args: Any) -> int:
+        lose_last_batch(admin, ingestion.id)
+        return delete_tail(*args)
+
+    monkeypatch.setattr(store, "delete_tail", crash_first)
+    try:
+        assert worker.poll()
+    finally:
+        worker.close()
+    done = resume_after_the_crash(engine, admin, ingestion.id)
+    assert done.status == "ready"
+    assert [r[0] for r in stored_chunks(admin, done.document_id or 0)] == list(range(total))
+
+
 def test_an_attempt_with_another_model_starts_again_at_chunk_0(
     small_batches: Engine, admin: Any, tmp_path: Path
 ) -> None:
@@ -189,20 +267,21 @@ def test_a_batch_renews_the_lease_and_never_revives_an_expired_one(
     )  # fmt: skip
     assert begun is not None
 
-    def batch(processed_units: int) -> bool:
+    def batch(from_units: int, processed_units: int) -> bool:
         return store.write_batch(
             row.lease, document_id=begun.document_id, chunks=[], vectors=[], model="x",
-            processed_units=processed_units, length=timedelta(seconds=600),
+            from_units=from_units, processed_units=processed_units,
+            length=timedelta(seconds=600),
         )  # fmt: skip
 
     admin.execute("UPDATE ingestions SET lease_expires_at = now() + interval '5 seconds'")
-    assert batch(5) is False
+    assert batch(0, 5) is False
     left = admin.execute("SELECT lease_expires_at - now() AS left FROM ingestions").fetchone()
     assert timedelta(seconds=590) <= left["left"] <= timedelta(seconds=600)
 
     admin.execute("UPDATE ingestions SET lease_expires_at = now() - interval '1 second'")
     with pytest.raises(LeaseLost):
-        batch(10)
+        batch(5, 10)
     after = admin.execute(
         "SELECT processed_units, lease_expires_at < now() AS expired FROM ingestions"
     ).fetchone()
@@ -257,7 +336,7 @@ def test_a_stale_claim_writes_nothing(engine: Engine, admin: Any, tmp_path: Path
     with pytest.raises(LeaseLost):
         store.write_batch(
             stale, document_id=begun.document_id, chunks=[], vectors=[], model="x",
-            processed_units=5, length=timedelta(seconds=120),
+            from_units=0, processed_units=5, length=timedelta(seconds=120),
         )  # fmt: skip
     with pytest.raises(LeaseLost):
         store.delete_tail(stale, begun.document_id, 0)

@@ -168,7 +168,7 @@ class _Handler(BaseHTTPRequestHandler):
             tenant.count("not_found")
             raise _HTTPError(404, f"no such endpoint: /{api}/{tenant_name}/{route}")
         tenant.note_request(self.path.split("/", 3)[-1])
-        fault = tenant.fault_for_next_request()
+        fault = tenant.fault_for_next_request(api)
         if fault == "budget":
             raise _HTTPError(
                 429,

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,6 +77,25 @@ class Stats:
         return dict(self.__dict__)
 
 
+@dataclass(frozen=True)
+class Window:
+    """A rate window the provider announced with a 429: from when it was announced to when
+    its Retry-After said it ends, for one API of a tenant."""
+
+    api: str
+    start: float
+    end: float
+
+
+@dataclass
+class Timeline:
+    """When each data request arrived and each window was announced, by the tenant's clock, so
+    a caller can tell how many requests came inside a window somebody had heard of."""
+
+    requests: list[tuple[str, float]] = field(default_factory=list)  # (api, arrival)
+    windows: list[Window] = field(default_factory=list)
+
+
 class _Table:
     """One table of a tenant: rows by id, the generation each row last changed in, and the
     generation each deleted id disappeared in (for the incremental feed)."""
@@ -103,6 +123,7 @@ class Tenant:
         seed: int,
         page_delay: float,
         lock: threading.RLock,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.name = name
         self.token = token
@@ -114,6 +135,8 @@ class Tenant:
         self.faults = Faults()
         self.stats = Stats()
         self.log: list[str] = []  # every data request's path and query, in order
+        self.timeline = Timeline()
+        self._clock = clock
         self._hooks: dict[str, Callable[[int, int], None]] = {}
         self._lock = lock
         self._tables: dict[str, _Table] = {
@@ -199,6 +222,10 @@ class Tenant:
         """The rate window ends: the budget is whole again."""
         with self._lock:
             self.faults.used = 0
+            now = self._clock()
+            self.timeline.windows = [
+                Window(w.api, w.start, min(w.end, now)) for w in self.timeline.windows
+            ]
 
     def on_change(self, table: str, hook: Callable[[int, int], None] | None) -> None:
         """Call ``hook(page, per_page)`` while a page of ``table`` is being served, under the
@@ -282,13 +309,17 @@ class Tenant:
         with self._lock:
             self.log.append(path)
 
-    def fault_for_next_request(self) -> str:
-        """Counts a data request and says what it gets (``"ok"`` or a fault)."""
+    def fault_for_next_request(self, api: str = "") -> str:
+        """Counts a data request of ``api`` and says what it gets (``"ok"`` or a fault); notes
+        when it came, and the window a 429 announces, in :attr:`timeline`."""
         with self._lock:
+            now = self._clock()
+            self.timeline.requests.append((api, now))
             self.stats.requests += 1
             n = self.stats.requests
             if self.faults.budget is not None and self.faults.used >= self.faults.budget:
                 self.stats.rate_limited += 1
+                self.timeline.windows.append(Window(api, now, now + self.faults.window))
                 return "budget"
             if self.faults.script:
                 fault = self.faults.script.popleft()
@@ -300,6 +331,7 @@ class Tenant:
                 fault = "ok"
             if fault == "429":
                 self.stats.rate_limited += 1
+                self.timeline.windows.append(Window(api, now, now + self.faults.retry_after))
             elif fault == "503":
                 self.stats.unavailable += 1
             elif fault == "401":
@@ -435,8 +467,10 @@ class Simulation:
         size: int = 100,
         seed: int = 1,
         page_delay: float = 0.0,
+        clock: Callable[[], float] = time.time,
     ) -> Tenant:
-        """Create (or replace) a tenant; its bearer token defaults to ``sim-NAME``."""
+        """Create (or replace) a tenant; its bearer token defaults to ``sim-NAME``; ``clock``
+        stamps its :attr:`Tenant.timeline`."""
         if not name or "/" in name:
             raise ValueError("a tenant name is a non-empty path segment")
         tenant = Tenant(
@@ -446,6 +480,7 @@ class Simulation:
             seed=seed,
             page_delay=page_delay,
             lock=self._lock,
+            clock=clock,
         )
         with self._lock:
             self._tenants[name] = tenant

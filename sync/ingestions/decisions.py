@@ -20,6 +20,7 @@ from sync.base.abort import AbortReason
 from sync.documents import DocumentError
 from sync.errors import LeaseLost
 from sync.ingestions.sources import SourceGone
+from sync.ingestions.store import CheckpointLost
 from sync.jobs.connectors import ConnectorSetupError
 from sync.jobs.outcome import (
     DEFAULT_BACKOFF,
@@ -44,6 +45,8 @@ def error_of(exc: BaseException) -> JobError:
         return exc.error
     if isinstance(exc, SourceGone):
         return JobError(ErrorKind.GONE, str(exc))
+    if isinstance(exc, CheckpointLost):
+        return JobError(ErrorKind.DATABASE, str(exc))
     if isinstance(exc, ConnectorError):
         return JobError.of(exc)
     if isinstance(exc, psycopg.Error):

@@ -39,7 +39,7 @@ from sync.ingestions.context import EndpointContext
 from sync.ingestions.models import IngestionStatus
 from sync.ingestions.rows import ClaimedIngestion
 from sync.ingestions.sources import FileInfo, Source, SourceGone
-from sync.ingestions.store import IngestionStore
+from sync.ingestions.store import CheckpointLost, IngestionStore
 from sync.jobs.log import Logger
 from sync.store.rows import Lease
 
@@ -180,6 +180,13 @@ class DocumentJob:
             raise LeaseLost()
         start = begun.processed_units
         size = self._settings.ingestion_batch_size
+        # Which bytes the chunks come from: a later attempt resumes only on the same ones.
+        logger.info(
+            "%d chunk(s) of bytes sha256:%s, embedding from chunk %d",
+            total,
+            spooled.sha256[:16],
+            start,
+        )
         if start:
             logger.info(
                 "resumes at chunk %d of %d (batch %d), where an earlier attempt left it",
@@ -195,7 +202,7 @@ class DocumentJob:
             logger.info("deleted %d chunk(s) past the new end of the document", dropped)
         return self._finish(
             job, lease, source, info, begun.document_id, spooled.sha256, total,
-            {**pages, "tail_deleted": dropped}, logger,
+            {**pages, "tail_deleted": dropped}, logger, written=total,
         )  # fmt: skip
 
     def _write_batches(
@@ -228,6 +235,7 @@ class DocumentJob:
                 chunks=batch,
                 vectors=vectors,
                 model=self.embedder.model,
+                from_units=processed,
                 processed_units=processed + len(batch),
                 length=length,
             )
@@ -247,8 +255,10 @@ class DocumentJob:
         total: int,
         results: dict[str, Any],
         logger: logging.LoggerAdapter[logging.Logger],
+        written: int | None = None,
     ) -> str:
-        """Mark the document ready under the file's scope as it is now, never as it was."""
+        """Mark the document ready under the file's scope as it is now, never as it was, and,
+        when this attempt wrote its chunks (``written``: how many), never with a hole."""
         fingerprint = indexed_with(self.embedder, self.limits)
         for _ in range(3):
             current = source.describe() if not source.is_local else info
@@ -282,9 +292,12 @@ class DocumentJob:
                 indexed_with=fingerprint,
                 total_units=total,
                 results=results,
+                written=written,
             )
             if not done.fenced:
                 raise LeaseLost()
+            if written is not None and done.checkpoint != written:
+                raise CheckpointLost(done.checkpoint or 0, written)
             if done.finished:
                 logger.info("ready: %d chunk(s) of %s under %s", total, current.name, current.scope)
                 return "ready"

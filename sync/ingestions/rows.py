@@ -76,6 +76,7 @@ class Begun:
 class Finished:
     fenced: bool  # False: the lease is lost
     finished: bool  # False (fenced): the file changed or moved meanwhile; nothing marked ready
+    checkpoint: int | None = None  # the ingestion's processed_units as the finish found them
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,20 @@ from sync.store.queries import NamedQueries
 from sync.store.rows import Lease
 from sync.vocabulary import JobError
 
+
+class CheckpointLost(Exception):
+    """The ingestion's checkpoint is short of the chunks this attempt wrote: a database crash
+    lost the last batches' commits (they do not wait for the WAL flush). Nothing more is
+    written; the next attempt resumes where the checkpoint is."""
+
+    def __init__(self, checkpoint: int, written: int) -> None:
+        super().__init__(
+            f"the database lost the last batches (a crash): chunks {checkpoint}-{written - 1} "
+            f"are to be written again, from chunk {checkpoint}"
+        )
+        self.checkpoint = checkpoint
+
+
 INGESTION_QUERIES = NamedQueries("ingestions.sql")
 
 
@@ -166,23 +180,32 @@ class IngestionStore(PooledStore):
         chunks: Sequence[Chunk],
         vectors: Sequence[Vector],
         model: str,
+        from_units: int,
         processed_units: int,
         length: timedelta,
     ) -> bool:
         """One batch in one transaction: its fence and checkpoint first (the new
-        ``processed_units``, and the lease renewed to ``length`` from now), then its chunks.
-        True: a cancel was asked for, and nothing of the batch was written. Raises
-        :class:`LeaseLost` when the lease is lost (nothing written either)."""
-        params = {**_fence(lease), "processed_units": processed_units, "lease": length}
+        ``processed_units``, onto ``from_units``, and the lease renewed to ``length`` from now),
+        then its chunks. True: a cancel was asked for, and nothing of the batch was written.
+        Raises :class:`LeaseLost` when the lease is lost, :class:`CheckpointLost` when the
+        checkpoint is not ``from_units`` (nothing written either)."""
+        params = {
+            **_fence(lease),
+            "from_units": from_units,
+            "processed_units": processed_units,
+            "lease": length,
+        }
 
         def call(conn: Connection) -> bool:
             with conn.transaction():
                 # A crash may lose the last batches, never a checkpoint without its chunks (see
-                # "Durability" in docs/architecture.md).
+                # "Durability" in docs/architecture.md); a checkpoint never moves past a lost one.
                 conn.execute(INGESTION_QUERIES.commit_asynchronously)
                 row = conn.execute(INGESTION_QUERIES.record_ingestion_batch, params).fetchone()
                 if row is None:
                     raise LeaseLost()
+                if not row["advanced"]:
+                    raise CheckpointLost(row["checkpoint"], from_units)
                 if row["cancel_requested"]:
                     raise psycopg.Rollback()  # not a chunk more
                 DocumentStore(conn).upsert_chunks(document_id, chunks, vectors, model=model)
@@ -216,11 +239,14 @@ class IngestionStore(PooledStore):
         indexed_with: str,
         total_units: int,
         results: dict[str, Any],
+        written: int | None = None,
     ) -> Finished:
         """Mark the document ready, under the scope it was indexed for only while the file's
-        record is still the one described (``record_hash``)."""
+        record is still the one described (``record_hash``), and, when this attempt wrote chunks
+        (``written``: up to there), only while its checkpoint still says so."""
         params = {
             **_fence(lease),
+            "written": written,
             "document_id": document_id,
             "record_hash": record_hash,
             "name": name,
@@ -234,7 +260,7 @@ class IngestionStore(PooledStore):
         }
         row = self._one(INGESTION_QUERIES.finish_ingestion, params, idempotent=True)
         assert row is not None  # a SELECT of counts: always one row
-        return Finished(bool(row["fenced"]), bool(row["finished"]))
+        return Finished(bool(row["fenced"]), bool(row["finished"]), row["checkpoint"])
 
     def end(
         self,
