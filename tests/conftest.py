@@ -87,6 +87,8 @@ def make_settings(schema: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "database_url": DATABASE_URL,
         "schema_name": schema,
+        # Each test's connections' typed views go to schemas of its own, dropped with it.
+        "reader_schema_prefix": f"{schema}_",
         "backoff_seconds": (5.0, 30.0, 120.0),
     }
     values.update(overrides)
@@ -116,6 +118,11 @@ def schema() -> Iterator[str]:
     yield name
     with psycopg.connect(DIRECT_URL, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+        readers = conn.execute(
+            "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, %s)", (f"{name}_",)
+        ).fetchall()
+        for (reader,) in readers:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{reader}" CASCADE')
 
 
 @pytest.fixture

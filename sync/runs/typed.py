@@ -1,0 +1,120 @@
+"""A table's typed views, kept in step with what a sync writes: every record the writer takes
+is observed (``sync.typed.evolve.Shape``) before it is written, and a batch whose values need a
+new column or a wider type has the views rebuilt first, fenced by the run. So a view never
+casts a stored value to a type it does not fit, and a reader's query never fails for it. A
+table's first build types the rows stored before from a bounded sample of them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from connectors.base import Table
+from sync.errors import LeaseLost
+from sync.jobs.log import Logger
+from sync.store import Lease
+from sync.store.typed import Build, StoredTable, TypedStore
+from sync.typed.evolve import Column, Shape, evolve
+from sync.typed.naming import default_schema, fallback_schema, view_name
+from sync.typed.types import PgType, model_types
+
+# Rows of a table stored before its first build that type its columns (the latest written).
+SAMPLE_ROWS = 1000
+
+
+class TableViews:
+    """The typed views of one table of one run: ``observe`` each record, ``before_write``
+    each batch, ``finish`` at the table's end."""
+
+    def __init__(
+        self,
+        store: TypedStore,
+        lease: Lease,
+        connection_id: int,
+        table: Table,
+        logger: Logger,
+        *,
+        schema_prefix: str = "",
+    ) -> None:
+        self._store = store
+        self._prefix = schema_prefix
+        self._lease = lease
+        self._connection_id = connection_id
+        self._table = table
+        self._logger = logger
+        self._shape = Shape(table.flatten)
+        self._declared: dict[tuple[str, ...], PgType] = (
+            model_types(table.model, table.flatten) if table.model is not None else {}
+        )
+        self._stored: StoredTable | None = None
+        self._columns: tuple[Column, ...] = ()
+        self._loaded = False
+        self.warnings: list[str] = []
+
+    def observe(self, record: Mapping[str, Any]) -> None:
+        self._shape.observe(record)
+
+    def before_write(self) -> None:
+        """Rebuild the views if the records observed so far need it (raises
+        :class:`LeaseLost`)."""
+        self._publish(only_if_changed=True)
+
+    def finish(self) -> None:
+        """The table's end: its views are built if they never were, or rebuilt if the records
+        need it."""
+        self._publish(only_if_changed=False)
+
+    def _load(self) -> None:
+        if self._loaded:
+            return
+        self._stored = self._store.table(self._connection_id, self._table.name)
+        if self._stored is None:
+            for data in self._store.sample(self._connection_id, self._table.name, SAMPLE_ROWS):
+                if isinstance(data, Mapping):
+                    self._shape.observe(data)
+        else:
+            self._columns = self._stored.columns
+        self._loaded = True
+
+    def _publish(self, *, only_if_changed: bool) -> None:
+        self._load()
+        evolution = evolve(self._columns, self._shape.types, self._declared)
+        if not evolution.changes and (self._stored is not None or only_if_changed):
+            return
+        names = self._store.connection_names(self._connection_id)
+        if names is None:  # the connection is gone; a purge drops what is left
+            return
+        default = default_schema(*names, prefix=self._prefix)
+        view = (
+            self._stored.view_name
+            if self._stored is not None
+            else view_name(
+                self._table.name,
+                self._store.other_view_names(self._connection_id, self._table.name),
+            )
+        )
+        build = Build(
+            default_schema=default,
+            fallback_schema=fallback_schema(default, self._connection_id),
+            view_name=view,
+            columns=evolution.columns,
+            changes=evolution.changes,
+            recreate=evolution.recreate,
+        )
+        published = self._store.publish(self._lease, self._connection_id, self._table.name, build)
+        if published is None:
+            raise LeaseLost()
+        self._stored = StoredTable(self._table.name, view, evolution.columns, published.version)
+        self._columns = evolution.columns
+        for warning in evolution.warnings:
+            self._logger.warning("table %s: %s", self._table.name, warning)
+        self.warnings.extend(evolution.warnings)
+        if evolution.changes:
+            self._logger.info(
+                "table %s: typed views %s.%s version %d (%s)",
+                self._table.name,
+                published.schema_name,
+                view,
+                published.version,
+                ", ".join(c.describe() for c in evolution.changes),
+            )

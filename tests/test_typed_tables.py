@@ -1,0 +1,257 @@
+"""Typed views on the real Postgres: a column per field with its type, from the data or the
+connector's model, tombstones left out of one view and kept in the other, evolution (a field
+added, widened, vanished), names that clash or are too long, and the schema's history."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+
+from sync import Engine
+from tests.typed_support import LONG, column_types, dataset, rows, sync_once
+
+META = {
+    "_key": "text",
+    "_synced_at": "timestamp with time zone",
+    "_first_seen_at": "timestamp with time zone",
+}
+
+
+@pytest.fixture
+def reader() -> Any:
+    from tests.conftest import DATABASE_URL
+
+    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
+        yield conn
+
+
+def test_each_type_from_the_data(engine: Engine, reader: Any) -> None:
+    key, _ = dataset(
+        items=[
+            {
+                "id": 1,
+                "n": 5,
+                "big": 2**70,
+                "f": 1.5,
+                "flag": True,
+                "s": "hello",
+                "d": "2024-02-29",
+                "ts": "2024-03-01T10:00:00Z",
+                "obj": {"a": 1},
+                "arr": [1, 2],
+                "nothing": None,
+                "naive": "2024-03-01T10:00:00",
+                "not_a_date": "2024-02-30",
+            },
+            {"id": 2, "n": -7, "big": 3, "f": 2, "flag": False, "s": "x", "obj": [], "arr": []},
+        ]
+    )
+    ws = engine.create_workspace("Acme Corp")
+    conn = engine.create_connection(ws.id, "Tracker", "typed_memory", config={"dataset": key})
+    run = sync_once(engine, conn.id)
+    assert run.status == "succeeded"
+
+    schema = engine.reader_schema(conn.id).schema
+    assert schema == f"{engine.settings.reader_schema_prefix}acme_corp_tracker"
+    assert column_types(reader, schema, "items") == {
+        **META,
+        "arr": "jsonb",
+        "big": "numeric",
+        "d": "date",
+        "f": "numeric",
+        "flag": "boolean",
+        "id": "bigint",
+        "n": "bigint",
+        "naive": "text",
+        "not_a_date": "text",
+        "obj": "jsonb",
+        "s": "text",
+        "ts": "timestamp with time zone",
+    }  # `nothing` was only ever null: no column until a value comes
+    first, second = rows(reader, schema, "items")
+    assert first["_key"] == "1" and second["_key"] == "2"
+    assert (first["id"], first["n"], first["big"], first["f"]) == (1, 5, Decimal(2**70), 1.5)
+    assert (first["flag"], first["s"], first["d"]) == (True, "hello", date(2024, 2, 29))
+    assert first["ts"] == datetime(2024, 3, 1, 10, tzinfo=UTC)
+    assert (first["obj"], first["arr"], first["not_a_date"]) == ({"a": 1}, [1, 2], "2024-02-30")
+    assert (second["f"], second["flag"], second["d"], second["obj"]) == (2, False, None, [])
+
+
+def test_types_from_the_connectors_model_with_a_flattened_object(
+    engine: Engine, reader: Any
+) -> None:
+    key, _ = dataset(
+        issues=[
+            {
+                "id": 7,
+                "title": "Crash",
+                "labels": ["bug"],
+                "user": {"login": "ada", "id": 3},
+                "State": "open",
+                "extra": 1.25,
+            }
+        ]
+    )
+    ws = engine.create_workspace("w")
+    conn = engine.create_connection(ws.id, "gh", "typed_model", config={"dataset": key})
+    sync_once(engine, conn.id)
+
+    shown = engine.reader_schema(conn.id, "issues")
+    schema = shown.schema
+    assert schema is not None
+    # The model's fields in its order, also those never set (closed, score, due...); a field
+    # only the data has comes after them, typed from its values.
+    assert column_types(reader, schema, "issues") == {
+        **META,
+        "id": "bigint",
+        "title": "text",
+        "closed": "boolean",
+        "score": "numeric",
+        "due": "date",
+        "opened_at": "timestamp with time zone",
+        "labels": "jsonb",
+        "user__login": "text",
+        "user__id": "bigint",
+        "state": "text",
+        "extra": "numeric",
+    }
+    (row,) = rows(reader, schema, "issues")
+    assert (row["user__login"], row["user__id"], row["state"]) == ("ada", 3, "open")
+    origins = {c.name: c.origin for c in shown.tables[0].columns}
+    assert origins["user__login"] == "model" and origins["extra"] == "data"
+    assert shown.tables[0].columns[7].field == "user.login"
+
+
+def test_tombstoned_rows_only_in_the_companion_view(engine: Engine, reader: Any) -> None:
+    key, data = dataset(items=[{"id": i, "v": i} for i in (1, 2, 3)])
+    ws = engine.create_workspace("w")
+    conn = engine.create_connection(ws.id, "c", "typed_memory", config={"dataset": key})
+    sync_once(engine, conn.id)
+    data.tables["items"] = [{"id": 1, "v": 1}, {"id": 3, "v": 3}]
+    run = sync_once(engine, conn.id)
+    assert run.results["items"]["tombstoned"] == 1
+
+    schema = engine.reader_schema(conn.id).schema
+    assert [r["_key"] for r in rows(reader, schema, "items")] == ["1", "3"]
+    every = rows(reader, schema, "items__all")
+    assert [(r["_key"], r["_deleted_at"] is not None) for r in every] == [
+        ("1", False),
+        ("2", True),
+        ("3", False),
+    ]
+    assert column_types(reader, schema, "items__all")["_deleted_at"] == "timestamp with time zone"
+
+
+def test_evolution_adds_widens_and_keeps_a_vanished_column(engine: Engine, reader: Any) -> None:
+    key, data = dataset(items=[{"id": 1, "count": 1, "gone": "x"}])
+    ws = engine.create_workspace("w")
+    conn = engine.create_connection(ws.id, "c", "typed_memory", config={"dataset": key})
+    sync_once(engine, conn.id)
+    schema = engine.reader_schema(conn.id).schema
+    assert schema is not None
+
+    # Added: a new field is a new column at the end; `gone` vanished and keeps its column.
+    data.tables["items"] = [{"id": 1, "count": 2, "new": True}]
+    run = sync_once(engine, conn.id)
+    assert "warnings" not in run.results["items"]
+    assert list(column_types(reader, schema, "items"))[3:] == ["count", "gone", "id", "new"]
+    (row,) = rows(reader, schema, "items")
+    assert (row["count"], row["gone"], row["new"]) == (2, None, True)
+
+    # Widened: bigint to numeric, then a string makes it text, with a warning on the run.
+    data.tables["items"] = [{"id": 1, "count": 2.5, "new": True}]
+    run = sync_once(engine, conn.id)
+    assert column_types(reader, schema, "items")["count"] == "numeric"
+    assert run.results["items"]["warnings"] == [
+        "column count: values no longer fit bigint; widened to numeric"
+    ]
+    data.tables["items"] = [{"id": 1, "count": 2.5}, {"id": 2, "count": "many"}]
+    sync_once(engine, conn.id)
+    assert column_types(reader, schema, "items")["count"] == "text"
+    assert [r["count"] for r in rows(reader, schema, "items")] == ["2.5", "many"]
+
+    table = engine.reader_schema(conn.id, "items").tables[0]
+    assert table.version == 4
+    assert [h.changes for h in table.history] == [
+        ["added count bigint", "added gone text", "added id bigint"],
+        ["added new boolean"],
+        ["widened count from bigint to numeric"],
+        ["widened count from numeric to text"],
+    ]
+    # An unchanged schema is not rebuilt.
+    sync_once(engine, conn.id)
+    assert engine.reader_schema(conn.id, "items").tables[0].version == 4
+
+
+def test_names_that_clash_or_are_too_long(engine: Engine, reader: Any) -> None:
+    long_a = LONG + "alpha"
+    long_b = LONG + "beta"
+    record = {"id": 1, "Name": "upper", "name": "lower", "_key": "mine", long_a: 1, long_b: 2}
+    record["é" * 40] = "wide"  # 80 bytes of UTF-8: cut at a character boundary
+    key, _ = dataset(**{t: [record] for t in ("Tasks", "tasks", "tasks__all")})
+    DATA_LONG = {LONG + "one": [record], LONG + "two": [record]}
+    from tests.fakes import DATASETS
+
+    DATASETS[key].tables.update(DATA_LONG)
+    ws = engine.create_workspace("w")
+    conn = engine.create_connection(ws.id, "c", "typed_names", config={"dataset": key})
+    assert sync_once(engine, conn.id).status == "succeeded"
+
+    shown = engine.reader_schema(conn.id)
+    views = {t.table: t.view for t in shown.tables}
+    cut = LONG[:58]
+    assert (
+        views
+        == {
+            "Tasks": "tasks",
+            "tasks": "tasks_2",  # the second of two names equal in lower case
+            "tasks__all": "tasks__all_2",  # "tasks__all" is the companion of "tasks"
+            LONG + "one": cut,
+            LONG + "two": cut[:56] + "_2",
+        }
+    )
+    for view in views.values():
+        assert len(view.encode()) <= 58
+        assert rows(reader, shown.schema, view + "__all")
+    columns = list(column_types(reader, shown.schema, views["Tasks"]))
+    assert columns[3:] == sorted(columns[3:], key=lambda c: columns.index(c))
+    names = set(columns)
+    assert {"name", "name_2", "_key_2", LONG[:63], LONG[:61] + "_2", "é" * 31} <= names
+    assert all(len(n.encode()) <= 63 for n in names)
+    (row,) = rows(reader, shown.schema, views["Tasks"])
+    assert (row["_key"], row["_key_2"]) == ("1", "mine")
+    assert {row["name"], row["name_2"]} == {"upper", "lower"}
+
+
+def test_a_chosen_schema_and_one_taken(engine: Engine, reader: Any, schema: str) -> None:
+    from sync.errors import Conflict, InvalidInput
+
+    key, _ = dataset(items=[{"id": 1}])
+    config = {"dataset": key}
+    ws = engine.create_workspace("w")
+    chosen = f"{schema}_mine"
+    conn = engine.create_connection(
+        ws.id, "c", "typed_memory", config={"dataset": key}, schema=chosen
+    )
+    with pytest.raises(Conflict, match="schema"):
+        engine.create_connection(ws.id, "d", "typed_memory", config={"dataset": key}, schema=chosen)
+    with pytest.raises(InvalidInput, match="plain name"):
+        engine.create_connection(ws.id, "e", "typed_memory", config=config, schema="Bad-Name")
+    with pytest.raises(InvalidInput, match="taken"):
+        engine.create_connection(
+            ws.id, "e", "typed_memory", config=config, schema=engine.settings.schema_name
+        )
+    sync_once(engine, conn.id)
+    assert engine.reader_schema(conn.id).schema == chosen
+    assert rows(reader, chosen, "items")[0]["id"] == 1
+
+    # A default name that is taken by a schema of someone else's gets the connection's id.
+    prefix = engine.settings.reader_schema_prefix
+    reader.execute(f'CREATE SCHEMA "{prefix}w_other"')
+    other = engine.create_connection(ws.id, "other", "typed_memory", config={"dataset": key})
+    sync_once(engine, other.id)
+    assert engine.reader_schema(other.id).schema == f"{prefix}w_other_{other.id}"
