@@ -174,6 +174,12 @@ def connections_create(
     every: str | None = typer.Option(
         None, "--every", metavar="DURATION", help="Sync schedule: 15m, 1h, 1d..."
     ),
+    schema: str | None = typer.Option(
+        None,
+        "--schema",
+        metavar="NAME",
+        help="The schema of its typed views (default: <workspace>_<connection>).",
+    ),
     as_json: bool = JsonOption,
 ) -> None:
     """Create a connection: a provider account whose data is synced into this database."""
@@ -193,6 +199,7 @@ def connections_create(
             config=config_value,
             credentials=creds,
             schedule_every=schedule,
+            schema=schema,
         )
     if as_json:
         emit_json(created.to_json())
