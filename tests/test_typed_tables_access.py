@@ -189,3 +189,24 @@ def test_schema_show_and_grant_on_the_command_line(
     assert code == 2 and "grant --read-only ROLE -w WORKSPACE" in err
     with psycopg.connect(make_conninfo(DATABASE_URL, user=role)) as reader:
         assert len(rows(reader, schema, "items")) == 1
+
+
+def test_a_worker_without_ddl_rights_builds_the_views(
+    engine: Engine, schema: str, role: str
+) -> None:
+    """The views are built by server-side functions that run as the role that migrated, so a
+    worker under the runtime role of ``grant ROLE`` (no DDL right) builds them."""
+    engine.grant(role)
+    key, _ = dataset(items=[{"id": 1, "n": 1}])
+    ws = engine.create_workspace("w")
+    conn = engine.create_connection(ws.id, "c", "typed_memory", config={"dataset": key})
+    url = make_conninfo(DATABASE_URL, user=role)
+    with (
+        psycopg.connect(url) as runtime,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        runtime.execute(f'CREATE SCHEMA "{schema}_mine"')
+    with Engine(engine.settings.model_copy(update={"database_url": url})) as limited:
+        assert sync_once(limited, conn.id).status == "succeeded"
+        shown = limited.reader_schema(conn.id)
+    assert shown.schema is not None and [t.view for t in shown.tables] == ["items"]
