@@ -93,6 +93,10 @@ class Evolution:
 
 
 _MISSING: Any = object()
+_CONTAINERS = (dict, list, tuple)
+_JSONB, _TEXT, _BIGINT = PgType.JSONB, PgType.TEXT, PgType.BIGINT
+_NUMERIC, _BOOLEAN = PgType.NUMERIC, PgType.BOOLEAN
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _WIDEST = (PgType.TEXT, PgType.JSONB)
 
 
@@ -106,21 +110,38 @@ class Shape:
         self.types: dict[Path, PgType | None] = {}
 
     def observe(self, record: Mapping[str, Any]) -> None:
+        types = self.types
         for key, value in record.items():
-            if key in self._flatten and isinstance(value, Mapping):
+            if self._flatten and key in self._flatten and type(value) is dict:
                 for inner, nested in value.items():
                     self._see((str(key), str(inner)), nested)
-            else:
-                self._see((str(key),), value)
+                continue
+            path = (key,) if type(key) is str else (str(key),)
+            known = types.get(path, _MISSING)
+            if known is not _MISSING and _fits(known, value):
+                continue
+            found = type_of(value)
+            types[path] = found if known is _MISSING else joined(known, found)
 
     def _see(self, path: Path, value: Any) -> None:
         known = self.types.get(path, _MISSING)
-        if known is PgType.JSONB or (
-            known is PgType.TEXT and not isinstance(value, Mapping | list | tuple)
-        ):
-            return  # nothing widens these further
         found = type_of(value)
         self.types[path] = found if known is _MISSING else joined(known, found)
+
+
+def _fits(known: PgType | None, value: Any) -> bool:
+    """A quick yes for the values most records hold (most fit the type their field has);
+    False sends the value to :func:`type_of`."""
+    cls = type(value)
+    if value is None or known is _JSONB:
+        return True
+    if known is _TEXT:  # nothing widens text but an object or a list
+        return cls not in _CONTAINERS
+    if known is _BIGINT:
+        return cls is int and _INT64_MIN <= value <= _INT64_MAX
+    if known is _NUMERIC:
+        return cls is float or (cls is int and _INT64_MIN <= value <= _INT64_MAX)
+    return known is _BOOLEAN and cls is bool
 
 
 def evolve(
