@@ -353,6 +353,42 @@ def document_search() -> str:
     )
 
 
+def typed_views() -> str:
+    doc = result("typed_views")
+    n = doc["options"]["n"]
+    rows = [
+        [
+            r["query"],
+            num(n),
+            num(r["view_ms"], 1),
+            num(r["plain_view_ms"], 1),
+            num(r["table_ms"], 1),
+            times(r["view_ms"], r["table_ms"]),
+        ]
+        for r in doc["results"]
+    ]
+    return markdown(
+        ["query", "rows", "typed view ms", "no barrier ms", "typed table ms", "view / table"],
+        rows,
+    )
+
+
+def typed_views_typing() -> str:
+    doc = result("typed_views")
+    cost = doc["typing"]
+    return markdown(
+        ["records", "observing µs per record", "encoding µs per record", "observing / encoding"],
+        [
+            [
+                num(doc["options"]["typing_n"]),
+                num(cost["observe_us"], 2),
+                num(cost["encode_us"], 2),
+                times(cost["observe_us"], cost["encode_us"]),
+            ]
+        ],
+    )
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "runs": runs,
     "claim": claim,
@@ -367,6 +403,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "pooler": pooler,
     "metrics": metrics,
     "document_search": document_search,
+    "typed_views": typed_views,
+    "typed_views_typing": typed_views_typing,
 }
 
 

@@ -90,7 +90,7 @@ SELECT %(connection_id)s, 'issues', i::text,
            'id', i, 'title', 'Issue ' || i,
            'state', (ARRAY['open','in_progress','review','closed'])[1 + i %% 4],
            'assignee', (ARRAY['ada','grace','linus','barbara','ken','margaret'])[1 + i %% 6],
-           'amount', (i * 7919) %% 100000, 'score', round(((i * 31) %% 10000) / 1000.0, 3),
+           'amount', (i::bigint * 7919) %% 100000, 'score', round(((i * 31) %% 10000) / 1000.0, 3),
            'closed', i %% 4 = 3,
            'created_at', to_char((timestamptz '2024-01-01Z' + i * interval '1 minute')
                                  AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
