@@ -255,3 +255,29 @@ def test_a_chosen_schema_and_one_taken(engine: Engine, reader: Any, schema: str)
     other = engine.create_connection(ws.id, "other", "typed_memory", config={"dataset": key})
     sync_once(engine, other.id)
     assert engine.reader_schema(other.id).schema == f"{prefix}w_other_{other.id}"
+
+
+def test_a_readers_dependent_view_holds_a_widening_back_and_loses_nothing(
+    engine: Engine, reader: Any, schema: str
+) -> None:
+    key, data = dataset(items=[{"id": 1, "n": 1}])
+    ws = engine.create_workspace("w")
+    conn = engine.create_connection(ws.id, "c", "typed_memory", config={"dataset": key})
+    sync_once(engine, conn.id)
+    views = engine.reader_schema(conn.id).schema
+    mine = f"{schema}_dashboards"
+    reader.execute(f'CREATE SCHEMA "{mine}"')
+    reader.execute(f'CREATE VIEW "{mine}".big AS SELECT _key, n FROM "{views}".items WHERE n > 0')
+
+    data.tables["items"] = [{"id": 1, "n": 1}, {"id": 2, "n": "two"}]
+    run = sync_once(engine, conn.id)
+    error = run.results["items"]["error"]
+    assert run.results["items"]["status"] != "succeeded"
+    assert "depend" in error["message"] and "big" in error["message"]
+    # Nothing the views do not fit was written, and the reader's view still answers.
+    assert [r["_key"] for r in rows(reader, views, "items")] == ["1"]
+    assert reader.execute(f'SELECT count(*) FROM "{mine}".big').fetchone() == (1,)
+
+    reader.execute(f'DROP VIEW "{mine}".big')
+    assert sync_once(engine, conn.id).status == "succeeded"
+    assert [r["n"] for r in rows(reader, views, "items")] == ["1", "two"]

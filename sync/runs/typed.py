@@ -9,7 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import psycopg
+
 from connectors.base import Table
+from connectors.errors import PermanentError
 from sync.errors import LeaseLost
 from sync.jobs.log import Logger
 from sync.store import Lease
@@ -20,6 +23,10 @@ from sync.typed.types import PgType, model_types
 
 # Rows of a table stored before its first build that type its columns (the latest written).
 SAMPLE_ROWS = 1000
+
+
+class ViewsHeldBack(PermanentError):
+    """A widening needs the views dropped, and a reader's own views depend on them."""
 
 
 class TableViews:
@@ -101,7 +108,18 @@ class TableViews:
             changes=evolution.changes,
             recreate=evolution.recreate,
         )
-        published = self._store.publish(self._lease, self._connection_id, self._table.name, build)
+        try:
+            published = self._store.publish(
+                self._lease, self._connection_id, self._table.name, build
+            )
+        except psycopg.errors.DependentObjectsStillExist as exc:
+            detail = (exc.diag.message_detail or "").splitlines()
+            raise ViewsHeldBack(
+                f"the typed views of table {self._table.name!r} cannot be widened "
+                f"({', '.join(c.describe() for c in evolution.changes)}): "
+                f"{'; '.join(detail) or 'other objects depend on them'}; drop those, and the "
+                "next sync widens them (nothing they would not show was written)"
+            ) from None
         if published is None:
             raise LeaseLost()
         self._stored = StoredTable(self._table.name, view, evolution.columns, published.version)
