@@ -178,7 +178,7 @@ def connections_create(
         None,
         "--schema",
         metavar="NAME",
-        help="The schema of its typed views (default: <workspace>_<connection>).",
+        help="The schema of its typed views (default: WORKSPACE_CONNECTION, in lower case).",
     ),
     as_json: bool = JsonOption,
 ) -> None:
