@@ -97,6 +97,32 @@ END
 $$;
 
 
+-- typed_value_fits_v1: whether a stored JSON value reads as `p_type` in a typed view (null fits
+-- every type). Checks the shape the sync's own typing gives a type, so a column typed from a
+-- sample of rows stored before its first build is widened where another stored row would not
+-- cast. An inlinable SQL expression.
+CREATE FUNCTION typed_value_fits_v1(p_value jsonb, p_type text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+AS $$
+    SELECT p_value IS NULL OR jsonb_typeof(p_value) = 'null' OR CASE p_type
+        WHEN 'text' THEN jsonb_typeof(p_value) NOT IN ('object', 'array')
+        WHEN 'jsonb' THEN true
+        WHEN 'boolean' THEN jsonb_typeof(p_value) = 'boolean'
+        WHEN 'bigint' THEN jsonb_typeof(p_value) = 'number'
+                           AND p_value::text ~ '^-?[0-9]{1,18}$'
+        WHEN 'numeric' THEN jsonb_typeof(p_value) = 'number'
+                            OR (p_value #>> '{}') ~ '^-?[0-9]+(\.[0-9]+)?$'
+        WHEN 'date' THEN (p_value #>> '{}') ~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}$'
+        WHEN 'timestamptz' THEN (p_value #>> '{}')
+            ~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]+)?)?(Z|[+-][0-9]{2}(:?[0-9]{2})?)$'
+        ELSE false
+    END
+$$;
+
+
 -- reader_schema_v1: the schema of a connection's views, created on its first call. Invariant:
 -- the name is the connection's own (reader_schemas is unique by name) and no schema that
 -- exists already is taken over: the chosen name, else `p_default`, else `p_fallback` (the

@@ -23,6 +23,20 @@ SELECT data FROM records
  ORDER BY updated_at DESC
  LIMIT %(limit)s;
 
+-- name: stored_misfits
+-- Which typed columns (by their 1-based place in %(columns)s) some stored row of the table does
+-- not fit, and whether one holds an object or a list there: the first build of a table whose
+-- rows were stored before it widens those, so no view casts a value it cannot show. One scan.
+SELECT c.ord::int AS ord,
+       bool_or(jsonb_typeof(r.data #> c.path) IN ('object', 'array')) AS nested
+  FROM records r
+ CROSS JOIN (SELECT x.ord, ARRAY(SELECT jsonb_array_elements_text(x.col -> 'path')) AS path,
+                    x.col ->> 'type' AS type
+               FROM jsonb_array_elements(%(columns)s) WITH ORDINALITY AS x (col, ord)) c
+ WHERE r.connection_id = %(connection_id)s AND r.table_name = %(table_name)s
+   AND NOT typed_value_fits_v1(r.data #> c.path, c.type)
+ GROUP BY c.ord;
+
 -- name: connection_names
 -- The names the default schema of a connection is made of.
 SELECT w.name AS workspace, c.name AS connection

@@ -281,3 +281,37 @@ def test_a_readers_dependent_view_holds_a_widening_back_and_loses_nothing(
     reader.execute(f'DROP VIEW "{mine}".big')
     assert sync_once(engine, conn.id).status == "succeeded"
     assert [r["n"] for r in rows(reader, views, "items")] == ["1", "two"]
+
+
+def test_rows_stored_before_the_first_build_are_typed_beyond_the_sample(
+    engine: Engine, reader: Any, admin: Any
+) -> None:
+    """A table whose rows were stored before its views existed is typed from a sample of the
+    latest rows; a stored row outside the sample that does not fit widens its column."""
+    key, data = dataset(items=[{"id": i, "n": i} for i in range(1200)])
+    ws = engine.create_workspace("w")
+    conn = engine.create_connection(ws.id, "c", "typed_memory", config={"dataset": key})
+    sync_once(engine, conn.id)
+    # As if written by a release without typed views: no views, and an old row outside the
+    # sample of the latest 1,000 holding a string.
+    schema = engine.reader_schema(conn.id).schema
+    admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    admin.execute("DELETE FROM reader_schemas")
+    admin.execute("DELETE FROM typed_tables")
+    admin.execute(
+        "UPDATE records SET data = jsonb_set(data, '{n}', '\"many\"'), "
+        "updated_at = '2000-01-01' WHERE external_id = '0'"
+    )
+    data.tables["items"] = [{"id": i, "n": i} for i in range(1, 1200)]  # 0 is deleted upstream
+    run = sync_once(engine, conn.id)
+
+    assert run.results["items"]["warnings"] == [
+        "column n: rows stored before hold values that are not bigint; it is text"
+    ]
+    every = rows(reader, schema, "items__all")  # the tombstone is there, and reads
+    assert (every[0]["_key"], every[0]["n"], every[0]["_deleted_at"] is not None) == (
+        "0",
+        "many",
+        True,
+    )
+    assert column_types(reader, schema, "items")["n"] == "text"

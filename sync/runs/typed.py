@@ -19,7 +19,7 @@ from sync.store import Lease
 from sync.store.typed import Build, StoredTable, TypedStore
 from sync.typed.evolve import Column, Shape, evolve
 from sync.typed.naming import default_schema, fallback_schema, view_name
-from sync.typed.types import PgType, model_types
+from sync.typed.types import PgType, joined, model_types
 
 # Rows of a table stored before its first build that type its columns (the latest written).
 SAMPLE_ROWS = 1000
@@ -76,12 +76,36 @@ class TableViews:
             return
         self._stored = self._store.table(self._connection_id, self._table.name)
         if self._stored is None:
-            for data in self._store.sample(self._connection_id, self._table.name, SAMPLE_ROWS):
+            sample = self._store.sample(self._connection_id, self._table.name, SAMPLE_ROWS)
+            for data in sample:
                 if isinstance(data, Mapping):
                     self._shape.observe(data)
+            if len(sample) == SAMPLE_ROWS:  # more rows may be stored than the sample holds
+                self._widen_to_stored_rows()
         else:
             self._columns = self._stored.columns
         self._loaded = True
+
+    def _widen_to_stored_rows(self) -> None:
+        """Widen the types the sample gave where a stored row outside it does not fit them:
+        the views must cast every stored value."""
+        typed = [
+            c
+            for c in evolve((), self._shape.types, self._declared).columns
+            if c.type not in (PgType.TEXT, PgType.JSONB)
+        ]
+        for index, nested in self._store.misfits(
+            self._connection_id, self._table.name, typed
+        ).items():
+            column = typed[index]
+            wider = joined(column.type, PgType.JSONB if nested else PgType.TEXT)
+            self._shape.types[column.path] = joined(self._shape.types.get(column.path), wider)
+            warning = (
+                f"column {column.column}: rows stored before hold values that are not "
+                f"{column.type}; it is {wider}"
+            )
+            self._logger.warning("table %s: %s", self._table.name, warning)
+            self.warnings.append(warning)
 
     def _publish(self, *, only_if_changed: bool) -> None:
         self._load()

@@ -86,6 +86,19 @@ class TypedStore(PooledStore):
         params = {"connection_id": connection_id, "table_name": table_name, "limit": limit}
         return [r["data"] for r in self._all(QUERIES.sample_records, params, idempotent=True)]
 
+    def misfits(
+        self, connection_id: int, table_name: str, columns: Sequence[Column]
+    ) -> dict[int, bool]:
+        """Which of ``columns`` (by index) some stored row of the table does not fit, and
+        whether one holds an object or a list there."""
+        params = {
+            "connection_id": connection_id,
+            "table_name": table_name,
+            "columns": Jsonb([c.to_json() for c in columns]),
+        }
+        rows = self._all(QUERIES.stored_misfits, params, idempotent=True)
+        return {r["ord"] - 1: bool(r["nested"]) for r in rows}
+
     def connection_names(self, connection_id: int) -> tuple[str, str] | None:
         row = self._one(QUERIES.connection_names, {"connection_id": connection_id})
         return (row["workspace"], row["connection"]) if row else None
