@@ -210,3 +210,28 @@ def test_a_worker_without_ddl_rights_builds_the_views(
         assert sync_once(limited, conn.id).status == "succeeded"
         shown = limited.reader_schema(conn.id)
     assert shown.schema is not None and [t.view for t in shown.tables] == ["items"]
+
+
+def test_the_operator_page_shows_a_connections_typed_views(engine: Engine) -> None:
+    import httpx
+
+    from sync.ui import UiOptions
+    from tests.ui_support import serving
+
+    key, data = dataset(items=[{"id": 1, "n": 1, "when": "2024-01-01T00:00:00Z"}])
+    ws = engine.create_workspace("w")
+    conn = engine.create_connection(ws.id, "c", "typed_memory", config={"dataset": key})
+    with serving(engine, UiOptions()) as url, httpx.Client(base_url=url) as client:
+        page = client.get(f"/connections/{conn.id}/schema")
+        assert page.status_code == 200 and 'id="no-views"' in page.text
+        sync_once(engine, conn.id)
+        data.tables["items"] = [{"id": 1, "n": "one", "when": "2024-01-01T00:00:00Z"}]
+        sync_once(engine, conn.id)
+        page = client.get(f"/connections/{conn.id}/schema")
+        schema = engine.reader_schema(conn.id).schema
+        assert f"<code>{schema}.items</code>" in page.text
+        assert "<td><code>when</code></td><td>timestamptz</td>" in page.text
+        assert "<td><code>n</code></td><td>text</td>" in page.text
+        assert "widened n from bigint to text" in page.text
+        assert f'href="/connections/{conn.id}/schema"' in client.get("/connections").text
+        assert client.get("/connections/999/schema").status_code == 404
