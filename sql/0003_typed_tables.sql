@@ -157,7 +157,8 @@ BEGIN
             RETURN v_name;
         END IF;
     END LOOP;
-    RAISE EXCEPTION 'schema "%" exists already; choose another with --schema', v_name
+    RAISE EXCEPTION 'schema "%" exists already and holds no views of this connection: drop or '
+                    'rename it, and the next sync builds the views there', v_name
         USING ERRCODE = 'duplicate_schema';
 END
 $$;

@@ -315,3 +315,27 @@ def test_rows_stored_before_the_first_build_are_typed_beyond_the_sample(
         True,
     )
     assert column_types(reader, schema, "items")["n"] == "text"
+
+
+def test_a_schema_taken_by_someone_else_leaves_the_sync_whole(
+    engine: Engine, reader: Any, admin: Any, schema: str
+) -> None:
+    key, _ = dataset(items=[{"id": 1, "n": 1}])
+    ws = engine.create_workspace("w")
+    taken = f"{schema}_theirs"
+    conn = engine.create_connection(
+        ws.id, "c", "typed_memory", config={"dataset": key}, schema=taken
+    )
+    reader.execute(f'CREATE SCHEMA "{taken}"')  # made by someone else after the connection
+    run = sync_once(engine, conn.id)
+    assert run.status == "succeeded"
+    assert run.results["items"]["warnings"] == [
+        f'no typed views: schema "{taken}" exists already and holds no views of this '
+        "connection: drop or rename it, and the next sync builds the views there"
+    ]
+    assert admin.execute("SELECT count(*) AS n FROM records").fetchone()["n"] == 1
+    assert engine.reader_schema(conn.id).schema is None
+
+    reader.execute(f'DROP SCHEMA "{taken}"')
+    assert "warnings" not in sync_once(engine, conn.id).results["items"]
+    assert rows(reader, taken, "items")[0]["n"] == 1

@@ -16,6 +16,7 @@ from connectors.errors import PermanentError
 from sync.errors import LeaseLost
 from sync.jobs.log import Logger
 from sync.store import Lease
+from sync.store.db import first_line
 from sync.store.typed import Build, StoredTable, TypedStore
 from sync.typed.evolve import Column, Shape, evolve
 from sync.typed.naming import default_schema, fallback_schema, view_name
@@ -56,6 +57,7 @@ class TableViews:
         self._stored: StoredTable | None = None
         self._columns: tuple[Column, ...] = ()
         self._loaded = False
+        self._off = False  # the views could not be built in this run
         self.warnings: list[str] = []
 
     def observe(self, record: Mapping[str, Any]) -> None:
@@ -108,6 +110,8 @@ class TableViews:
             self.warnings.append(warning)
 
     def _publish(self, *, only_if_changed: bool) -> None:
+        if self._off:
+            return
         self._load()
         evolution = evolve(self._columns, self._shape.types, self._declared)
         if not evolution.changes and (self._stored is not None or only_if_changed):
@@ -136,6 +140,15 @@ class TableViews:
             published = self._store.publish(
                 self._lease, self._connection_id, self._table.name, build
             )
+        except (psycopg.errors.DuplicateSchema, psycopg.errors.InsufficientPrivilege) as exc:
+            if self._stored is not None:
+                raise
+            # No view exists to break: the records are synced, and the next sync tries again.
+            self._off = True
+            warning = f"no typed views: {first_line(exc)}"
+            self._logger.warning("table %s: %s", self._table.name, warning)
+            self.warnings.append(warning)
+            return
         except psycopg.errors.DependentObjectsStillExist as exc:
             detail = (exc.diag.message_detail or "").splitlines()
             raise ViewsHeldBack(
