@@ -375,16 +375,24 @@ def typed_views() -> str:
 
 def typed_views_typing() -> str:
     doc = result("typed_views")
-    cost = doc["typing"]
+    cost, options = doc["typing"], doc["options"]
     return markdown(
-        ["records", "observing µs per record", "encoding µs per record", "observing / encoding"],
+        ["measure", "records", "with typed views", "without", "with / without"],
         [
             [
-                num(doc["options"]["typing_n"]),
+                "observing, or encoding, µs per record",
+                num(options["typing_n"]),
                 num(cost["observe_us"], 2),
-                num(cost["encode_us"], 2),
+                f"{cost['encode_us']:.2f} (encoding)",
                 times(cost["observe_us"], cost["encode_us"]),
-            ]
+            ],
+            [
+                "a first sync in one process, records/s",
+                num(options["sync_n"]),
+                num(cost["with_per_s"]),
+                num(cost["without_per_s"]),
+                times(cost["with_per_s"], cost["without_per_s"]),
+            ],
         ],
     )
 

@@ -11,7 +11,9 @@ the key. Both are analyzed and vacuumed, then each query runs ``--repeat`` times
 median is reported.
 
 Also measured: what typing costs a sync, the observation of every record (``Shape.observe``)
-beside the encoding the record writer does anyway (``encode``), on the same records.
+beside the encoding the record writer does anyway (``encode``), on the same records; and a first
+sync of ``--sync-n`` records in this process with the typed views and without them (their calls
+made no-ops), interleaved ``--sync-rounds`` times.
 """
 
 from __future__ import annotations
@@ -129,6 +131,56 @@ def typing_cost(n: int) -> dict[str, float]:
     return {"observe_us": observe / n * 1e6, "encode_us": encoding / n * 1e6}
 
 
+@register
+class GeneratedIssues(Connector):
+    """``_GENERATED`` issues, for a sync's throughput with and without the typed views."""
+
+    provider = "bench_typed_generated"
+    tables = (Table("issues", "id", Mode.FULL),)
+
+    def read(self, table: Table) -> Iterator[Any]:
+        for start in range(0, _GENERATED[0], 1000):
+            yield [issue(i) for i in range(start, min(start + 1000, _GENERATED[0]))]
+
+
+_GENERATED = [0]
+
+
+def sync_cost(n: int, rounds: int) -> dict[str, float]:
+    """Records per second of a first sync of ``n`` records in this process (a worker's
+    ``poll()``), with the typed views and with their three calls made no-ops, interleaved
+    ``rounds`` times; the medians."""
+    from sync.runs import typed
+
+    _GENERATED[0] = n
+    real = (typed.TableViews.observe, typed.TableViews.before_write, typed.TableViews.finish)
+    off = (lambda self, record: None, lambda self: None, lambda self: None)
+    rates: dict[str, list[float]] = {"with": [], "without": []}
+    with scratch_database("typed_sync") as url:
+        migrate(url)
+        with Engine(settings_for(url), pool_size=4) as engine:
+            for i in range(rounds * 2):
+                label = "with" if i % 2 == 0 else "without"
+                (
+                    typed.TableViews.observe,  # type: ignore[method-assign]
+                    typed.TableViews.before_write,  # type: ignore[method-assign]
+                    typed.TableViews.finish,  # type: ignore[method-assign]
+                ) = real if label == "with" else off  # type: ignore[assignment]
+                ws = engine.create_workspace(f"w{i}")
+                conn = engine.create_connection(ws.id, "c", GeneratedIssues.provider)
+                began = time.perf_counter()
+                queued = engine.sync(conn.id)
+                assert engine.worker(listen=False).poll()
+                took = time.perf_counter() - began
+                assert engine.run(queued.id).status == "succeeded"
+                rates[label].append(n / took)
+    (typed.TableViews.observe, typed.TableViews.before_write, typed.TableViews.finish) = real  # type: ignore[method-assign]
+    return {
+        "with_per_s": statistics.median(rates["with"]),
+        "without_per_s": statistics.median(rates["without"]),
+    }
+
+
 def run(n: int, repeat: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     with scratch_database("typed") as url:
         migrate(url)
@@ -214,6 +266,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--typing-n", type=int, default=100_000)
+    parser.add_argument("--sync-n", type=int, default=100_000)
+    parser.add_argument("--sync-rounds", type=int, default=3)
     add_json_option(parser)
     args = parser.parse_args()
     json_mode(args)
@@ -233,6 +287,19 @@ def main() -> None:
         ],
     )
     cost = typing_cost(args.typing_n)
+    cost.update(sync_cost(args.sync_n, args.sync_rounds))
+    print_table(
+        f"a first sync of {args.sync_n:,} records in one process: median of "
+        f"{args.sync_rounds}, interleaved (records/s)",
+        ["with typed views", "without (their calls made no-ops)", "with / without"],
+        [
+            [
+                f"{cost['with_per_s']:,.0f}",
+                f"{cost['without_per_s']:,.0f}",
+                ratio(cost["with_per_s"], cost["without_per_s"]),
+            ]
+        ],
+    )
     print_table(
         f"what typing costs a sync, per record ({args.typing_n:,} records, µs)",
         ["observe (typed views)", "encode (the writer's own)", "observe / encode"],
