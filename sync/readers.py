@@ -9,11 +9,12 @@ from typing import Any
 
 import psycopg
 
-from sync.errors import InvalidInput, NotFound
+from sync.base.settings import Settings
+from sync.errors import Conflict, InvalidInput, NotFound
 from sync.models import Connection, Workspace
 from sync.store.db import Pool
 from sync.store.typed import SchemaChange, StoredTable, TypedStore
-from sync.typed.naming import ALL_SUFFIX
+from sync.typed.naming import ALL_SUFFIX, check_schema_name
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class ReadersApi:
     """The readers' part of the API; ``pool`` is the engine's."""
 
     pool: Pool
+    settings: Settings
 
     def connection(self, connection_id: int) -> Connection:  # pragma: no cover - Engine's
         raise NotImplementedError
@@ -124,6 +126,22 @@ class ReadersApi:
             self._typed.schema_of(connection_id),
             [_typed_table(s, history) for s in stored],
         )
+
+    def choose_reader_schema(self, connection_id: int, schema: str) -> None:
+        """The schema of a connection's typed views, chosen before its first sync builds
+        them; a built schema keeps its name."""
+        self.connection(connection_id)
+        check_schema_name(schema, self.settings.schema_name)
+        try:
+            chosen = self._typed.set_reader_schema(connection_id, schema)
+        except psycopg.errors.UniqueViolation:
+            raise Conflict(f"another connection's views are in schema {schema!r}") from None
+        if not chosen:
+            built = self._typed.schema_of(connection_id)
+            raise Conflict(
+                f"connection {connection_id}'s views are built in schema {built!r} already; a "
+                "built schema keeps its name"
+            )
 
     def grant_read_only(self, role: str, workspace: int | str) -> int:
         """Let ``role`` read the typed views of ``workspace``'s connections (those built later

@@ -235,3 +235,33 @@ def test_the_operator_page_shows_a_connections_typed_views(engine: Engine) -> No
         assert "widened n from bigint to text" in page.text
         assert f'href="/connections/{conn.id}/schema"' in client.get("/connections").text
         assert client.get("/connections/999/schema").status_code == 404
+
+
+def test_a_schema_is_chosen_until_the_first_sync_builds_it(
+    engine: Engine,
+    schema: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sync.errors import Conflict
+
+    key, _ = dataset(items=[{"id": 1}])
+    ws = engine.create_workspace("w")
+    conn = engine.create_connection(ws.id, "c", "typed_memory", config={"dataset": key})
+    other = engine.create_connection(
+        ws.id, "d", "typed_memory", config={"dataset": key}, schema=f"{schema}_d"
+    )
+    chosen = f"{schema}_chosen"
+    code, out, _ = run_cli(
+        engine, capsys, monkeypatch, "connections", "update", str(conn.id), "--schema", chosen
+    )
+    assert code == 0 and f"updated: schema {chosen}" in out
+    with pytest.raises(Conflict, match="another connection"):
+        engine.choose_reader_schema(conn.id, f"{schema}_d")
+    assert engine.connection(other.id).name == "d"
+    sync_once(engine, conn.id)
+    assert engine.reader_schema(conn.id).schema == chosen
+    code, _, err = run_cli(
+        engine, capsys, monkeypatch, "connections", "update", str(conn.id), "--schema", "x_y"
+    )
+    assert code == 2 and "built in schema" in err and "keeps its name" in err
