@@ -365,3 +365,36 @@ def test_a_lookup_by_key_through_a_view_uses_the_records_primary_key(
         text = json.dumps(plan)
         assert '"Index Name": "records_pkey"' in text, text
         assert '"Seq Scan"' not in text, text
+
+
+def test_a_table_that_wrote_nothing_costs_no_statement_once_its_views_exist(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sync.store.typed import TypedStore
+
+    key, data = dataset(items=[])
+    ws = engine.create_workspace("w")
+    conn = engine.create_connection(ws.id, "c", "typed_memory", config={"dataset": key})
+    looked: list[str] = []
+    lookup = TypedStore.table
+
+    def counted(self: TypedStore, connection_id: int, table_name: str) -> Any:
+        looked.append(table_name)
+        return lookup(self, connection_id, table_name)
+
+    monkeypatch.setattr(TypedStore, "table", counted)
+    worker = engine.worker(listen=False)
+    for _ in range(3):
+        engine.sync(conn.id)
+        assert worker.poll()
+    assert looked == ["items"]  # the first sync built the (empty) views; the others knew
+    assert engine.reader_schema(conn.id, "items").tables[0].columns == []
+
+    data.tables["items"] = [{"id": 1, "n": 1}]  # rows again: the views are looked at, and grow
+    engine.sync(conn.id)
+    assert worker.poll()
+    assert looked == ["items", "items"]
+    assert [c.name for c in engine.reader_schema(conn.id, "items").tables[0].columns] == [
+        "id",
+        "n",
+    ]

@@ -64,6 +64,7 @@ class SyncJob:
         self._secrets = secrets
         self._declared = DeclaredProviders(store.pool)
         self._typed = TypedStore(store.pool, retry=store.retry_policy)
+        self._views_built: set[tuple[int, str]] = set()
 
     def run(self, run: ClaimedRun, abort: AbortSignal, logger: Logger) -> AttemptReport:
         before = {name: TableResult.from_json(r) for name, r in (run.results or {}).items()}
@@ -306,6 +307,7 @@ class SyncJob:
             table,
             logger,
             schema_prefix=self._settings.reader_schema_prefix,
+            built=self._views_built,
         )
         try:
             with self._store.pool.connection() as conn:

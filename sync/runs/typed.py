@@ -43,9 +43,13 @@ class TableViews:
         logger: Logger,
         *,
         schema_prefix: str = "",
+        built: set[tuple[int, str]] | None = None,
     ) -> None:
         self._store = store
         self._prefix = schema_prefix
+        # The tables this process knows have views (a view goes only with its connection):
+        # a table that wrote nothing needs no statement to know it.
+        self._built = built if built is not None else set()
         self._lease = lease
         self._connection_id = connection_id
         self._table = table
@@ -71,6 +75,8 @@ class TableViews:
     def finish(self) -> None:
         """The table's end: its views are built if they never were, or rebuilt if the records
         need it."""
+        if not self._shape.types and (self._connection_id, self._table.name) in self._built:
+            return
         self._publish(only_if_changed=False)
 
     def _load(self) -> None:
@@ -86,6 +92,7 @@ class TableViews:
                 self._widen_to_stored_rows()
         else:
             self._columns = self._stored.columns
+            self._built.add((self._connection_id, self._table.name))
         self._loaded = True
 
     def _widen_to_stored_rows(self) -> None:
@@ -161,6 +168,7 @@ class TableViews:
             raise LeaseLost()
         self._stored = StoredTable(self._table.name, view, evolution.columns, published.version)
         self._columns = evolution.columns
+        self._built.add((self._connection_id, self._table.name))
         for warning in evolution.warnings:
             self._logger.warning("table %s: %s", self._table.name, warning)
         self.warnings.extend(evolution.warnings)
