@@ -353,6 +353,50 @@ def document_search() -> str:
     )
 
 
+def typed_views() -> str:
+    doc = result("typed_views")
+    n = doc["options"]["n"]
+    rows = [
+        [
+            r["query"],
+            num(n),
+            num(r["view_ms"], 1),
+            num(r["plain_view_ms"], 1),
+            num(r["table_ms"], 1),
+            times(r["view_ms"], r["table_ms"]),
+        ]
+        for r in doc["results"]
+    ]
+    return markdown(
+        ["query", "rows", "typed view ms", "no barrier ms", "typed table ms", "view / table"],
+        rows,
+    )
+
+
+def typed_views_typing() -> str:
+    doc = result("typed_views")
+    cost, options = doc["typing"], doc["options"]
+    return markdown(
+        ["measure", "records", "with typed views", "without", "with / without"],
+        [
+            [
+                "observing, or encoding, µs per record",
+                num(options["typing_n"]),
+                num(cost["observe_us"], 2),
+                f"{cost['encode_us']:.2f} (encoding)",
+                times(cost["observe_us"], cost["encode_us"]),
+            ],
+            [
+                "a first sync in one process, records/s",
+                num(options["sync_n"]),
+                num(cost["with_per_s"]),
+                num(cost["without_per_s"]),
+                times(cost["with_per_s"], cost["without_per_s"]),
+            ],
+        ],
+    )
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "runs": runs,
     "claim": claim,
@@ -367,6 +411,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "pooler": pooler,
     "metrics": metrics,
     "document_search": document_search,
+    "typed_views": typed_views,
+    "typed_views_typing": typed_views_typing,
 }
 
 

@@ -70,6 +70,13 @@ class Table:
     """Records of this table may be files (documents whose content can be fetched and indexed):
     the connector describes them with :meth:`Connector.describe_file` and streams their content
     with :meth:`Connector.download`. The records are stored like any other table's."""
+    model: type[BaseModel] | None = None
+    """The shape of a record, for readers: each field of the model (by its alias, where it has
+    one) is a column of the table's typed view, with the Postgres type of its annotation. Fields
+    the model does not name get columns too, typed from the data."""
+    flatten: tuple[str, ...] = ()
+    """Fields whose value is an object, shown to readers as one column per field of that object
+    (``user`` becomes ``user__login``, ``user__id``...) instead of one ``jsonb`` column."""
 
     def __post_init__(self) -> None:
         if self.mode is Mode.FULL and self.deletions is Deletions.FEED:

@@ -149,10 +149,40 @@ def spent_until(response: httpx.Response, now: datetime) -> datetime | None:
     return None if wait is None else now + timedelta(seconds=wait)
 
 
+class GitHubUser(BaseModel):
+    login: str
+    id: int
+
+
+class GitHubIssue(BaseModel):
+    """The fields of an issue readers query most, with their types: the columns of the
+    ``issues`` view, in this order (``user`` flattened: ``user__login``, ``user__id``...). The
+    issue's other fields are columns too, typed from the data."""
+
+    id: int
+    number: int
+    title: str
+    state: str
+    user: GitHubUser | None = None
+    labels: list[dict[str, Any]] = []
+    comments: int = 0
+    created_at: datetime
+    updated_at: datetime
+    closed_at: datetime | None = None
+    body: str | None = None
+    html_url: str
+
+
 class GitHubConnector(Connector[GitHubConfig]):
     provider = "github"
     tables = (
-        Table("issues", mode=Mode.INCREMENTAL, shifting=True),
+        Table(
+            "issues",
+            mode=Mode.INCREMENTAL,
+            shifting=True,
+            model=GitHubIssue,
+            flatten=("user",),
+        ),
         Table("pull_requests", shifting=True, hash_ignores=PULL_REQUEST_IGNORES),
     )
     config_model = GitHubConfig

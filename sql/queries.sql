@@ -907,10 +907,11 @@ SELECT id FROM connections WHERE workspace_id = %(workspace_id)s ORDER BY id;
 -- declared provider, the same lock on its row waits for a removal in progress, then sees the
 -- provider gone: no connection of a removed provider (see lock_declared_provider).
 INSERT INTO connections (workspace_id, name, provider, config, credentials, budget_key,
-                         schedule_every, next_run_at)
+                         schedule_every, next_run_at, reader_schema)
 SELECT w.id, %(name)s, %(provider)s, %(config)s, %(credentials)s, %(budget_key)s,
        make_interval(secs => %(schedule_seconds)s),
-       CASE WHEN %(schedule_seconds)s::float8 IS NULL THEN NULL ELSE now() END
+       CASE WHEN %(schedule_seconds)s::float8 IS NULL THEN NULL ELSE now() END,
+       %(reader_schema)s
   FROM workspaces w
  WHERE w.id = %(workspace_id)s AND w.deleted_at IS NULL
    AND (NOT %(declared)s

@@ -41,6 +41,7 @@ from sync.providers import ProvidersApi
 from sync.queues.apps import install_handlers
 from sync.queues.lanes import parse_lanes
 from sync.queues.postgres import PostgresQueues
+from sync.readers import ReadersApi
 from sync.store import (
     ConnectionRepair,
     LockedConnection,
@@ -51,6 +52,7 @@ from sync.store import (
 from sync.store.db import Pool, describe, open_pool
 from sync.store.maintenance import MaintenanceStore
 from sync.store.migrations import Migration, check_schema, grant, migrate
+from sync.typed.naming import check_schema_name
 from sync.vocabulary import ConnectionStatus, RunKind, RunStatus
 from sync.worker import Worker
 from sync.worker.services.cleaner import PruneReport, RetentionRules, prune
@@ -58,7 +60,7 @@ from sync.worker.services.cleaner import PruneReport, RetentionRules, prune
 log = logging.getLogger("sync")
 
 
-class Engine(IngestionsApi, ProvidersApi):
+class Engine(IngestionsApi, ProvidersApi, ReadersApi):
     """Entry point of the Python API. Close it (or use it as a context manager) when done."""
 
     def __init__(
@@ -188,9 +190,11 @@ class Engine(IngestionsApi, ProvidersApi):
         config: Mapping[str, Any] | None = None,
         credentials: Mapping[str, Any] | None = None,
         schedule_every: timedelta | float | None = None,
+        schema: str | None = None,
     ) -> Connection:
         """Create a connection. The provider must be installed and the config must validate
-        against its model: a bad config is refused here, not later inside a run."""
+        against its model: a bad config is refused here, not later inside a run. ``schema``:
+        the schema of its typed views (default ``<workspace>_<connection>``)."""
         if self._workspace_id is not None and workspace_id != self._workspace_id:
             raise NotFound(f"no workspace {workspace_id}")
         check_name(name, "connection")
@@ -200,6 +204,8 @@ class Engine(IngestionsApi, ProvidersApi):
         redact.register(creds)
         check_credentials(cls, creds)
         seconds = _seconds(schedule_every)
+        if schema is not None:
+            check_schema_name(schema, self.settings.schema_name)
         try:
             created = self._tenants.create_connection(
                 workspace_id=workspace_id,
@@ -210,8 +216,11 @@ class Engine(IngestionsApi, ProvidersApi):
                 budget_key=budget_key_of(cls, provider, validated, creds),
                 schedule_seconds=seconds,
                 declared=provider not in plugins(),
+                reader_schema=schema,
             )
-        except psycopg.errors.UniqueViolation:
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name == "connections_reader_schema":
+                raise Conflict(f"another connection's views are in schema {schema!r}") from None
             raise Conflict(f"workspace {workspace_id} already has a connection {name!r}") from None
         if created is None:
             if provider not in self.load_providers() and provider not in plugins():

@@ -69,18 +69,28 @@ def sync_engine() -> Iterator[Engine]:
     url = os.environ.get("DATABASE_URL", DEFAULT_TEST_DATABASE)
     schema = f"t_{uuid.uuid4().hex[:12]}"
     key = os.environ.get("CONNECTOR_SYNC_SECRET_KEYS") or Fernet.generate_key().decode()
-    settings = Settings(database_url=url, schema_name=schema, secret_keys=SecretStr(key))
+    # The schemas of its connections' typed views are named after it, and dropped with it.
+    settings = Settings(
+        database_url=url,
+        schema_name=schema,
+        secret_keys=SecretStr(key),
+        reader_schema_prefix=f"{schema}_",
+    )
     try:
         with Engine(settings) as engine:
             engine.migrate()
             yield engine
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(
-                psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
-                    psycopg.sql.Identifier(schema)
+            readers = conn.execute(
+                "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, %s)", (f"{schema}_",)
+            ).fetchall()
+            for name in [schema, *(r[0] for r in readers)]:
+                conn.execute(
+                    psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                        psycopg.sql.Identifier(name)
+                    )
                 )
-            )
 
 
 @pytest.fixture

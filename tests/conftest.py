@@ -17,6 +17,7 @@ reason (``direct_only``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import uuid
@@ -87,6 +88,8 @@ def make_settings(schema: str, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "database_url": DATABASE_URL,
         "schema_name": schema,
+        # Each test's connections' typed views go to schemas of its own, dropped with it.
+        "reader_schema_prefix": f"{schema}_",
         "backoff_seconds": (5.0, 30.0, 120.0),
     }
     values.update(overrides)
@@ -110,12 +113,39 @@ def _quick_tier_starts_no_process(
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
 
 
+def drop_schemas_starting(prefix: str) -> None:
+    """Drop the schemas whose name starts with ``prefix`` (connections' typed views)."""
+    with psycopg.connect(DIRECT_URL, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, %s)", (prefix,)
+        ).fetchall()
+        for (name,) in found:
+            conn.execute(
+                psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                    psycopg.sql.Identifier(name)
+                )
+            )
+
+
+@pytest.fixture(autouse=True)
+def _reader_schemas_apart(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The schemas of connections' typed views live beside the test's schema, not in it: each
+    test's (and its processes') get a prefix of its own, and are dropped after it, so tests
+    running at once or one after another never meet each other's."""
+    prefix = f"r{uuid.uuid4().hex[:8]}_"
+    monkeypatch.setenv("CONNECTOR_SYNC_READER_SCHEMA_PREFIX", prefix)
+    yield
+    with contextlib.suppress(psycopg.OperationalError):  # a test without a database
+        drop_schemas_starting(prefix)
+
+
 @pytest.fixture
 def schema() -> Iterator[str]:
     name = f"t_{uuid.uuid4().hex[:12]}"
     yield name
     with psycopg.connect(DIRECT_URL, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+    drop_schemas_starting(f"{name}_")
 
 
 @pytest.fixture

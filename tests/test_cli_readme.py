@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.conftest import DATABASE_URL
@@ -34,7 +35,13 @@ def test_the_python_quickstart_runs(schema: str, tmp_path: Path) -> None:
     assert len(quickstart.strip().splitlines()) <= 25
     result = subprocess.run(
         [sys.executable, "-c", quickstart],
-        env={**os.environ, "DATABASE_URL": DATABASE_URL, "CONNECTOR_SYNC_SCHEMA": schema},
+        env={
+            **os.environ,
+            "DATABASE_URL": DATABASE_URL,
+            "CONNECTOR_SYNC_SCHEMA": schema,
+            # The connection's typed views in a schema dropped with the test's.
+            "CONNECTOR_SYNC_READER_SCHEMA_PREFIX": f"{schema}_",
+        },
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -44,3 +51,16 @@ def test_the_python_quickstart_runs(schema: str, tmp_path: Path) -> None:
     status, count = result.stdout.splitlines()
     assert status.startswith("succeeded ")
     assert count == "120 issues synced"  # the default tenant acme has 120 issues
+
+    # The SQL a reader runs next, as the README shows it, on the views that sync built.
+    (block,) = re.findall(r"```sql\n(.*?)```", README, flags=re.S)
+    statements = [q for q in block.split(";") if q.strip(" \n-") and "SELECT" in q]
+    assert len(statements) == 3
+    with psycopg.connect(DATABASE_URL) as reader:
+        found = [
+            reader.execute(q.replace("acme_inc_tracker.", f"{schema}_acme_inc_tracker.")).fetchall()
+            for q in statements
+        ]
+    assert len(found[0]) == 5 and all(state != "closed" for _, _, state, _ in found[0])
+    assert sum(count for _, count in found[1]) == 120
+    assert found[2] == []  # a first sync tombstones nothing

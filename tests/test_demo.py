@@ -27,6 +27,8 @@ def test_demo_runs_and_every_claim_holds(schema: str, tmp_path: Path) -> None:
             "DATABASE_URL": DATABASE_URL,
             "CONNECTOR_SYNC_HOME": str(tmp_path),
             "COLUMNS": "200",  # the claims are matched whole: no table cell wraps
+            # The connections' typed views in schemas dropped with the test's.
+            "CONNECTOR_SYNC_READER_SCHEMA_PREFIX": f"{schema}_",
         },
         capture_output=True,
         text=True,
@@ -43,8 +45,13 @@ def test_demo_runs_and_every_claim_holds(schema: str, tmp_path: Path) -> None:
         "became tombstones",
         "was cancelled",
         "the purge waited for the running sync",
+        "sees the live records",
     ):
         assert claim in result.stdout, claim
+    # It ends with a reader's SQL over a typed view, and a few of its rows.
+    tail = result.stdout[result.stdout.index("look around:") :]
+    assert f"FROM {schema}_demo_" in tail and "_acme_tracker.issues WHERE state" in tail
+    assert "Issue " in tail
     # The workers were told to stop and did; their logs are where the demo said.
     logs = list((tmp_path / "demo-logs").glob("*.log"))
     assert len(logs) == 2

@@ -72,6 +72,12 @@ class Settings(BaseSettings):
     )
     run_timeout_seconds: float = Field(default=6 * 3600.0, gt=0)
     max_attempts: int = Field(default=3, ge=1)
+    reader_schema_prefix: str = Field(
+        default="",
+        pattern=r"^[a-z0-9_]{0,20}$",
+        description="Put before the default name of each connection's schema of typed views "
+        "(`<workspace>_<connection>`), to keep two installations in one database apart.",
+    )
     backoff_seconds: tuple[float, ...] = Field(default=(5.0, 30.0, 120.0), min_length=1)
     backoff_jitter: float = Field(default=0.2, ge=0, lt=1)
     batch_size: int = Field(default=1000, ge=1)

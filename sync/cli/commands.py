@@ -36,7 +36,7 @@ from sync.api import Engine
 from sync.base.database_url import describe
 
 # The other commands register themselves on `app` when imported.
-from sync.cli import documents, operate, providers, queues, tenants
+from sync.cli import documents, operate, providers, queues, readers, tenants
 from sync.cli.common import (
     INTERRUPTED,
     RUN_FAILED,
@@ -82,7 +82,7 @@ from sync.overview import describe_progress as describe_where
 from sync.runs.decide import ordinal
 from sync.vocabulary import RunKind, RunStatus, TableStatus
 
-__all__ = ["app", "documents", "main", "operate", "providers", "queues", "tenants"]
+__all__ = ["app", "documents", "main", "operate", "providers", "queues", "readers", "tenants"]
 
 # -- sync and runs -----------------------------------------------------------------------------
 
@@ -315,11 +315,13 @@ def results_table(run: Run, width: int) -> Table:
 
 
 def table_errors(run: Run) -> list[tuple[str, Cell]]:
-    return [
-        (f"{name} error", error_text(r["error"]))
-        for name, r in sorted(run.results.items())
-        if r.get("error")
-    ]
+    """Each table's error, and its warnings (a typed column widened for readers)."""
+    found: list[tuple[str, Cell]] = []
+    for name, r in sorted(run.results.items()):
+        if r.get("error"):
+            found.append((f"{name} error", error_text(r["error"])))
+        found += [(f"{name} warning", str(w)) for w in r.get("warnings") or ()]
+    return found
 
 
 @runs_app.command("list")

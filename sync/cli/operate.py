@@ -72,9 +72,27 @@ def grant(
     role: str = typer.Argument(
         ..., metavar="ROLE", help="An existing database role (CREATE ROLE ... LOGIN)."
     ),
+    read_only: bool = typer.Option(
+        False,
+        "--read-only",
+        help="Let ROLE read the typed views of one workspace (-w) and nothing else.",
+    ),
+    workspace: str | None = typer.Option(
+        None, "--workspace", "-w", metavar="WORKSPACE", help="Workspace id (digits) or name."
+    ),
 ) -> None:
-    """Give a runtime ROLE the data rights the API and workers need, and no DDL rights."""
+    """Give a runtime ROLE the data rights the API and workers need, and no DDL rights; or,
+    with --read-only -w WORKSPACE, the right to read that workspace's typed views."""
+    if read_only != (workspace is not None):
+        fail("--read-only and --workspace go together: grant --read-only ROLE -w WORKSPACE")
     with open_engine() as engine:
+        if workspace is not None:
+            schemas = engine.grant_read_only(role, workspace)
+            stdout().print(
+                f"granted {role} read access to the typed views of workspace {workspace} "
+                f"({schemas} schema(s) now, and those its syncs build later); nothing else"
+            )
+            return
         engine.grant(role)
         schema = engine.settings.schema_name
     stdout().print(f"granted {role} data rights on schema {schema} (no DDL)")

@@ -174,6 +174,12 @@ def connections_create(
     every: str | None = typer.Option(
         None, "--every", metavar="DURATION", help="Sync schedule: 15m, 1h, 1d..."
     ),
+    schema: str | None = typer.Option(
+        None,
+        "--schema",
+        metavar="NAME",
+        help="The schema of its typed views (default: WORKSPACE_CONNECTION, in lower case).",
+    ),
     as_json: bool = JsonOption,
 ) -> None:
     """Create a connection: a provider account whose data is synced into this database."""
@@ -193,6 +199,7 @@ def connections_create(
             config=config_value,
             credentials=creds,
             schedule_every=schedule,
+            schema=schema,
         )
     if as_json:
         emit_json(created.to_json())
@@ -312,15 +319,26 @@ def connections_update(
         None, "--every", metavar="DURATION", help="A new sync schedule: 15m, 1h, 1d..."
     ),
     no_schedule: bool = typer.Option(False, "--no-schedule", help="Sync only when asked."),
+    schema: str | None = typer.Option(
+        None,
+        "--schema",
+        metavar="NAME",
+        help="The schema of its typed views, before its first sync builds them.",
+    ),
     as_json: bool = JsonOption,
 ) -> None:
-    """Repair a connection: its name, config, credentials or schedule.
+    """Repair a connection: its name, config, credentials or schedule (or, before its first
+    sync, the schema of its typed views).
 
     What is not given stays as it is."""
     if every is not None and no_schedule:
         fail("give --every or --no-schedule, not both")
-    if (name, config, credentials, every) == (None, None, None, None) and not no_schedule:
-        fail("nothing to change: give --name, --config, --credentials, --every or --no-schedule")
+    repair = (name, config, credentials, every) != (None, None, None, None) or no_schedule
+    if not repair and schema is None:
+        fail(
+            "nothing to change: give --name, --config, --credentials, --every, --no-schedule "
+            "or --schema"
+        )
     try:
         patch = parse_json_object(config, "--config") if config is not None else None
         creds = (
@@ -333,13 +351,19 @@ def connections_update(
         fail(str(exc))
     with open_engine() as engine:
         before = engine.connection(connection_id)
-        updated = engine.update_connection(
-            connection_id,
-            name=name,
-            config=patch,
-            credentials=creds,
-            schedule_every=schedule,
-            no_schedule=no_schedule,
+        if schema is not None:
+            engine.choose_reader_schema(connection_id, schema)
+        updated = (
+            engine.update_connection(
+                connection_id,
+                name=name,
+                config=patch,
+                credentials=creds,
+                schedule_every=schedule,
+                no_schedule=no_schedule,
+            )
+            if repair
+            else engine.connection(connection_id)
         )
     if as_json:
         emit_json(updated.to_json())
@@ -351,6 +375,7 @@ def connections_update(
             ("config", patch is not None),
             ("credentials", creds is not None),
             ("schedule", every is not None or no_schedule),
+            (f"schema {schema}", schema is not None),
         )
         if given
     ]

@@ -261,6 +261,7 @@ def print_summary(
         Text(f"  {prefix}connector-sync runs list --workspace {workspace}"),
         Text(f"  {prefix}connector-sync runs show RUN"),
         Text(f"  {prefix}connector-sync records list CONNECTION"),
+        Text(f"  {prefix}connector-sync schema show CONNECTION"),
         Text(f"  {prefix}connector-sync workers"),
     ]
     if not settings.database_url:

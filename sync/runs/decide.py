@@ -29,6 +29,8 @@ class TableResult:
     total: int | None = None  # as many records as the provider said there are
     partitions: dict[str, TableResult] | None = None
     total_estimated: bool = False  # the total adds up an estimate (of a slice not read whole)
+    # What readers should know: a typed column widened because its values no longer fit.
+    warnings: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -44,6 +46,8 @@ class TableResult:
                 out["total_estimated"] = True
         if self.partitions is not None:
             out["partitions"] = {name: p.to_json() for name, p in self.partitions.items()}
+        if self.warnings:
+            out["warnings"] = list(self.warnings)
         return out
 
     @classmethod
@@ -57,6 +61,7 @@ class TableResult:
             error=JobError.parse(data.get("error")),
             total=data.get("total"),
             total_estimated=bool(data.get("total_estimated", False)),
+            warnings=tuple(data.get("warnings") or ()),
             partitions=(
                 {name: cls.from_json(p) for name, p in partitions.items()}
                 if isinstance(partitions, Mapping)
@@ -91,6 +96,7 @@ def merged(before: TableResult | None, attempt: TableResult) -> TableResult:
         total_estimated=(
             attempt.total_estimated if attempt.total is not None else before.total_estimated
         ),
+        warnings=tuple(dict.fromkeys((*before.warnings, *attempt.warnings))),
     )
 
 

@@ -1,5 +1,6 @@
-"""The purge of a deleted connection: its records in bounded fenced batches, then its table
-state and its row. A purge is never cancelled; any other stop hands it back or retries it."""
+"""The purge of a deleted connection: its records in bounded fenced batches, then the schema of
+its typed views, its table state and its row. A purge is never cancelled; any other stop hands
+it back or retries it."""
 
 from __future__ import annotations
 
@@ -13,10 +14,16 @@ from sync.jobs.outcome import database_error
 from sync.runs.decide import AttemptReport
 from sync.store import ClaimedRun, RunStore
 from sync.store.db import first_line
+from sync.store.typed import TypedStore
 
 
 def purge(
-    run: ClaimedRun, store: RunStore, batch_size: int, abort: AbortSignal, logger: Logger
+    run: ClaimedRun,
+    store: RunStore,
+    batch_size: int,
+    abort: AbortSignal,
+    logger: Logger,
+    typed: TypedStore | None = None,
 ) -> AttemptReport:
     """What the attempt gave: no table results, the records deleted so far."""
     processed = run.processed_units
@@ -34,6 +41,9 @@ def purge(
             if deleted < batch_size:
                 break
         abort.check()
+        typed = typed or TypedStore(store.pool, retry=store.retry_policy)
+        if not typed.drop_schema(run.lease, run.connection_id):
+            raise LeaseLost()
         store.purge_connection_row(run.lease, run.connection_id)
         logger.info("purged %d records and the connection row", done.processed)
     except (Aborted, LeaseLost) as exc:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import psycopg
@@ -149,6 +149,15 @@ class InFlight:
                 self._executor = None
 
 
+class Observer(Protocol):
+    """Sees every record before it is written, and each batch before it is sent (the typed
+    views of ``sync.runs.typed``)."""
+
+    def observe(self, record: Mapping[str, Any]) -> None: ...
+
+    def before_write(self) -> None: ...
+
+
 @dataclass
 class WriteCounts:
     upserted: int = 0
@@ -171,8 +180,10 @@ class RecordWriter:
         batch_size: int,
         abort: AbortSignal,
         progress: RunProgress | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self._writes = TableWrites(conn, lease, connection_id, table.name)
+        self._observer = observer
         self._table = table
         self._batch_size = batch_size
         self._abort = abort
@@ -248,6 +259,8 @@ class RecordWriter:
     def _add_record(self, record: Mapping[str, Any]) -> None:
         key = external_id(record, self._table.primary_key, self._table.name)
         self._deletions.discard(key)
+        if self._observer is not None:
+            self._observer.observe(record)
         self._records[key] = encode(record, self._table.name, key, self._table.hash_ignores)
         buffered = len(self._records)
         if buffered >= self._batch_size and (
@@ -293,6 +306,10 @@ class RecordWriter:
             self._progress.slice_total(self._total, estimated=False)
         checkpoint = self._checkpoint(done)
         if self._records:
+            if self._observer is not None:
+                # The views fit the batch before it commits: no reader meets a value its
+                # column's type cannot show.
+                self._observer.before_write()
             keys = list(self._records)
             self._slice_records += len(keys)
             datas = [self._records[k][0] for k in keys]

@@ -37,8 +37,10 @@ from sync.runs.progress import RunProgress
 from sync.runs.records import RecordWriter
 from sync.runs.slices import SliceResults, slices_due
 from sync.runs.tombstones import TombstonePass, partitions_gone
+from sync.runs.typed import TableViews
 from sync.store import ClaimedRun, CompletePasses, RunStore, TableWrites
 from sync.store.db import Connection, first_line
+from sync.store.typed import TypedStore
 from sync.vocabulary import SETTLED, ConnectionStatus, ErrorKind, JobError, TableStatus
 
 
@@ -61,6 +63,8 @@ class SyncJob:
         self._settings = settings
         self._secrets = secrets
         self._declared = DeclaredProviders(store.pool)
+        self._typed = TypedStore(store.pool, retry=store.retry_policy)
+        self._views_built: set[tuple[int, str]] = set()
 
     def run(self, run: ClaimedRun, abort: AbortSignal, logger: Logger) -> AttemptReport:
         before = {name: TableResult.from_json(r) for name, r in (run.results or {}).items()}
@@ -296,6 +300,15 @@ class SyncJob:
         assert run.connection_id is not None
         slices = SliceResults(before)
         names: list[str | None] | None = None
+        views = TableViews(
+            self._typed,
+            run.lease,
+            run.connection_id,
+            table,
+            logger,
+            schema_prefix=self._settings.reader_schema_prefix,
+            built=self._views_built,
+        )
         try:
             with self._store.pool.connection() as conn:
                 writer = RecordWriter(
@@ -306,6 +319,7 @@ class SyncJob:
                     batch_size=self._settings.batch_size,
                     abort=abort,
                     progress=progress,
+                    observer=views,
                 )
                 try:
                     partitions = connector.partitions(table)
@@ -340,15 +354,18 @@ class SyncJob:
                             break
                 finally:
                     writer.close()  # no batch may still be writing when conn goes back
+            if not abort.is_set:
+                views.finish()
         except Exception as exc:
             status, error = self._failure(exc, abort, logger, table)
             slices.fail_table(status, error)
-        return slices.result(
+        result = slices.result(
             names,
             checkpoints.of(table.name),
             progress.table_total(table.name),
             progress.table_total_estimated(table.name),
         )
+        return replace(result, warnings=tuple(views.warnings)) if views.warnings else result
 
     def _read_slices(
         self,

@@ -99,6 +99,7 @@ class TenantStore(PooledStore):
         budget_key: str | None,
         schedule_seconds: float | None,
         declared: bool = False,
+        reader_schema: str | None = None,
     ) -> Connection | None:
         """A new connection (``credentials`` encrypted); None: no such workspace, or it is
         deleted, or (``declared``: the provider is a declared one) the provider was removed
@@ -112,6 +113,7 @@ class TenantStore(PooledStore):
             "budget_key": budget_key,
             "schedule_seconds": schedule_seconds,
             "declared": declared,
+            "reader_schema": reader_schema,
         }
         return self._connection(QUERIES.create_connection, params)
 

@@ -36,6 +36,7 @@ from sync.ui import (
     metrics,
     queues,
     runs,
+    schema,
     workers,
 )
 from sync.ui.access import AccessMiddleware, AccessRule
@@ -48,6 +49,7 @@ STATIC = Path(__file__).parent / "static"
 PAGES: tuple[ModuleType, ...] = (
     connections,
     connection_forms,
+    schema,
     runs,
     queues,
     jobs,
