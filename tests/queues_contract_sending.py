@@ -173,7 +173,7 @@ class SendingContract:
     ) -> None:
         """The rule: due waiting jobs run in order of their due time plus priority_step
         seconds per priority level, so a job of priority 9 goes before a job of priority 0
-        that became due more than 9 × priority_step seconds after it."""
+        that became due more than 9 x priority_step seconds after it."""
         harness.declare("docs.ingest", priority_step=10)
         handler = Recorder()
         harness.queues.register("docs.ingest", handler)
@@ -186,9 +186,7 @@ class SendingContract:
         assert harness.runner.run_due() == 3
         assert handler.payloads == ["p0 at 89 s", "p9 at 0 s", "p0 at 91 s"]
 
-    def test_a_delayed_job_waits_for_its_time_whatever_its_priority(
-        self, harness: Harness
-    ) -> None:
+    def test_a_delayed_job_waits_for_its_time_whatever_its_priority(self, harness: Harness) -> None:
         harness.declare("docs.ingest")
         handler = Recorder()
         harness.queues.register("docs.ingest", handler)
