@@ -19,7 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 from sync import Engine
 from sync.queues import queue_spec
 from sync.queues.postgres_async import AsyncPostgresQueues
-from tests.conftest import DATABASE_URL, DIRECT_URL
+from tests.conftest import DATABASE_URL, DIRECT_URL, direct_only
 
 DOC = Path(__file__).parent.parent / "docs" / "queues.md"
 BLOCK = re.compile(r"```python\n# documents\.py\n(.*?)```", re.DOTALL)
@@ -48,6 +48,7 @@ def app_schema() -> Iterator[str]:
         conn.execute(f"DROP SCHEMA {name} CASCADE")
 
 
+@direct_only("the application's pool sets its search_path as a startup option")
 def test_the_document_and_its_job_commit_together_or_not_at_all(
     engine: Engine, app_schema: str
 ) -> None:

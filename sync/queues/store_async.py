@@ -44,7 +44,7 @@ class AsyncJobStore:
             conn.transaction(),
             conn.cursor(row_factory=dict_row) as cur,
         ):
-            await cur.execute(QUEUE_QUERIES.use_schema, {"schema": self.schema})
+            await cur.execute(QUEUE_QUERIES.use_schema, {"schema": self.schema}, prepare=False)
             yield cur
 
     async def _one(self, query: sql.SQL, params: dict[str, Any]) -> Row | None:
