@@ -8,8 +8,11 @@ import threading
 from typing import Any
 
 from sync import Engine
+from sync.jobs.lease import LeaseKeeper
 from sync.queues import Abort, Job, JobStatus, queue_spec
 from sync.queues.postgres import PostgresQueues
+from sync.store.db import connect
+from tests.lanes_support import Lanes
 from tests.plans import explained, nodes
 from tests.test_queues_postgres import BACKLOG, HISTORY
 
@@ -133,6 +136,31 @@ def test_a_rate_limit_starts_exactly_its_allowance_under_8_claiming_workers(
     assert claimed == 50
     started = engine.queues.list_jobs(queue="partner.api", status=JobStatus.COMPLETED, limit=1000)
     assert len(started) == 50
+
+
+def test_a_workers_lanes_on_a_full_queue_claim_again_as_their_jobs_end_not_at_the_poll(
+    engine: Engine,
+) -> None:
+    """8 lanes of a queue limited to 2: a claim that finds the queue full of this worker's own
+    jobs claims again as they end, so the queue drains with a poll interval of an hour."""
+    queues = PostgresQueues(engine.pool)
+    queues.declare_queue(queue_spec("partner.api", global_concurrency=2))
+    ran = threading.Semaphore(0)
+    queues.register("partner.api", lambda job, abort: ran.release())
+    queues.send_many("partner.api", list(range(40)))
+    settings = engine.settings.model_copy(update={"poll_interval": 3600.0})
+    url = settings.database_url
+    assert url is not None
+    keeper = LeaseKeeper(settings, lambda: connect(settings, url))
+    lanes = Lanes(queues, {"partner.api": 8}, keeper, settings)
+    lanes.start()
+    try:
+        for n in range(40):
+            assert ran.acquire(timeout=60), f"{n} of 40 jobs ran; the lanes waited for the poll"
+    finally:
+        lanes.stop()
+        keeper.stop()
+    assert _completed(engine, "partner.api") == 40
 
 
 def test_the_claim_walks_the_claim_order_index_and_stops_at_its_limit(
