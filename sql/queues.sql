@@ -299,6 +299,11 @@ SELECT queue, cron, next_tick FROM job_schedules
 SELECT fire_schedule_v1(%(queue)s, %(expected)s, %(tick)s, %(next_tick)s,
                         %(now)s::timestamptz) AS job_id;
 
+-- name: wake_queue
+-- Room came back in a queue with a fleet-wide concurrency limit (a job of it ended): the lanes
+-- of that queue on every worker claim again now, not at their next poll.
+SELECT pg_notify(notify_channel(), 'job:' || %(queue)s);
+
 -- name: use_schema
 -- The async API's connections come from the application's pool: each of its transactions
 -- starts by putting the queues' schema on its search_path, for that transaction only (nothing

@@ -4,6 +4,7 @@ of the claim that enforces them and orders by priority (claim_jobs_v4)."""
 from __future__ import annotations
 
 import json
+import queue
 import threading
 from typing import Any
 
@@ -11,7 +12,8 @@ from sync import Engine
 from sync.jobs.lease import LeaseKeeper
 from sync.queues import Abort, Job, JobStatus, queue_spec
 from sync.queues.postgres import PostgresQueues
-from sync.store.db import connect
+from sync.store.db import connect, listen_url
+from sync.worker import Listener
 from tests.lanes_support import Lanes
 from tests.plans import explained, nodes
 from tests.test_queues_postgres import BACKLOG, HISTORY
@@ -161,6 +163,36 @@ def test_a_workers_lanes_on_a_full_queue_claim_again_as_their_jobs_end_not_at_th
         lanes.stop()
         keeper.stop()
     assert _completed(engine, "partner.api") == 40
+
+
+def test_the_end_of_a_job_of_a_limited_queue_wakes_every_workers_lanes_of_it(
+    engine: Engine,
+) -> None:
+    """Room a worker's job gives back in a queue's limit is announced on the engine's channel
+    (job:<queue>), which wakes the lanes of that queue on every worker: another worker whose
+    lanes found the queue full claims at once, not at its next poll."""
+    queues = PostgresQueues(engine.pool)
+    queues.declare_queue(queue_spec("partner.api", global_concurrency=1))
+    queues.register("partner.api", lambda job, abort: None)
+    woken: queue.Queue[str | None] = queue.Queue()
+    url = listen_url(engine.settings, engine.url)
+    assert url is not None
+    listener = Listener(engine.settings, url, threading.Event(), on_job=woken.put)
+    listener.start()
+    settings = engine.settings.model_copy(update={"poll_interval": 3600.0})
+    keeper = LeaseKeeper(settings, lambda: connect(settings, url))
+    lanes = Lanes(queues, {"partner.api": 1}, keeper, settings)
+    try:
+        assert woken.get(timeout=60) is None  # connected
+        job_id = queues.send("partner.api", {})
+        assert woken.get(timeout=60) == "partner.api"  # the send's own wake-up
+        lanes.start()
+        assert woken.get(timeout=60) == "partner.api"  # the job ended: room again
+    finally:
+        lanes.stop()
+        keeper.stop()
+        listener.stop()
+    assert queues.get_job(job_id).status is JobStatus.COMPLETED
 
 
 def test_the_claim_walks_the_claim_order_index_and_stops_at_its_limit(

@@ -200,6 +200,13 @@ class QueueJobs(Kind[Unit, str | None]):
         self._hold(sum(len(unit) for unit in units))
         return units
 
+    def _wake_fleet(self) -> None:
+        """Room came back in the queue's limit: every worker's lanes of it claim again now."""
+        try:
+            self.queues.store.wake_queue(self.queue)
+        except Exception as exc:  # the other workers find the room at their next poll
+            log.warning("could not wake the lanes of %s: %s", self.queue, first_line(exc))
+
     def _hold(self, count: int) -> None:
         with self._held_lock:
             self._held += count
@@ -246,7 +253,8 @@ class QueueJobs(Kind[Unit, str | None]):
             self.queues.forget(unit)
             self._hold(-len(unit))
             if self.limited:
-                self.completions.flushed.emit()  # a claim waiting for room tries again
+                self.completions.flushed.emit()  # a claim here waiting for room tries again
+                self._wake_fleet()
 
     def hand_back(self, unit: Unit) -> None:
         self._hold(-len(unit))

@@ -232,6 +232,10 @@ class JobStore(PooledStore):
         rows = self._all(QUEUE_QUERIES.send_jobs, send_params(outgoing, now))
         return [SendResult(r["job_id"], r["outcome"]) for r in rows]
 
+    def wake_queue(self, queue: str) -> None:
+        """Wake the lanes of ``queue`` on every worker (a NOTIFY on the engine's channel)."""
+        self._one(QUEUE_QUERIES.wake_queue, {"queue": queue})
+
     def current_schema(self) -> str:
         row = self._one(QUEUE_QUERIES.current_schema, {})
         assert row is not None
