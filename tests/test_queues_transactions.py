@@ -17,11 +17,13 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from sync import Engine
-from sync.queues import queue_spec
+from sync.queues import QueuePolicy, queue_spec
 from sync.queues.postgres_async import AsyncPostgresQueues
 from sync.store.queries import parse
 from sync.store.sqlfiles import sql_dir
 from tests.conftest import DATABASE_URL, DIRECT_URL
+from tests.queues_contract import in_thread
+from tests.waiting import wait_until_blocked
 
 WAKE = "job:docs.ingest"
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
@@ -122,3 +124,32 @@ def test_every_statement_run_on_a_callers_connection_prepares(engine: Engine, ad
         text = sql.SQL(numbered).format(schema=sql.Identifier(schema)).as_string(admin)  # type: ignore[arg-type]
         admin.execute(f"PREPARE check_{name} AS {text}")
         admin.execute(f"DEALLOCATE check_{name}")
+
+
+def test_in_repeatable_read_a_send_that_waited_for_a_key_fails_to_serialize(
+    engine: Engine,
+) -> None:
+    """The waiting rule is READ COMMITTED's: a REPEATABLE READ transaction that waited for the
+    key another transaction committed cannot see that job, and gets a serialization failure
+    (which the application retries), never a second job."""
+    engine.queues.declare_queue(queue_spec("sources.sync", policy=QueuePolicy.EXCLUSIVE))
+    schema = engine.settings.schema_name
+    named = {"application_name": f"connector-sync/{schema}"}  # seen by wait_until_blocked
+    failures: list[BaseException] = []
+    with psycopg.connect(DATABASE_URL) as holder, psycopg.connect(DATABASE_URL, **named) as app:
+        app.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        app.execute("SELECT 1")  # the transaction's snapshot, before the holder commits
+        first = engine.queues.send("sources.sync", {}, key="source-7", conn=holder)
+
+        def send() -> None:
+            try:
+                engine.queues.send("sources.sync", {}, key="source-7", conn=app)
+            except psycopg.errors.SerializationFailure as exc:
+                failures.append(exc)
+
+        with in_thread(send):
+            wait_until_blocked(schema)
+            holder.commit()
+        app.rollback()
+    assert len(failures) == 1
+    assert [job.id for job in engine.queues.list_jobs()] == [first]
