@@ -200,6 +200,14 @@ class QueueJobs(Kind[Unit, str | None]):
         self._hold(sum(len(unit) for unit in units))
         return units
 
+    def _complete_now(self, done: list[RunningJob]) -> None:
+        """Write completions at once, failing as :class:`Completions` does: a write that fails
+        for good leaves the jobs to their leases, which run out, and a claim runs them again."""
+        try:
+            self.queues.complete_many(done)
+        except Exception as exc:
+            log.warning("completing %d job(s) failed: %s", len(done), first_line(exc))
+
     def _wake_fleet(self) -> None:
         """Room came back in the queue's limit: every worker's lanes of it claim again now."""
         try:
@@ -243,7 +251,7 @@ class QueueJobs(Kind[Unit, str | None]):
             done = [j for j, o in zip(unit, outcomes, strict=True) if o.status is COMPLETED]
             if done and self.limited:
                 # Its room in the queue's limit comes back at once, not after a shared flush.
-                self.queues.complete_many(done)
+                self._complete_now(done)
             elif done:
                 self.completions.submit_many(done)
             for job, outcome in zip(unit, outcomes, strict=True):
