@@ -3,8 +3,9 @@
 
 Its application (``setup``) declares the standard queue ``bench.noop``, whose handler does
 nothing (with ``--batch N``, a batch handler of N jobs at a time, as pg-boss's ``batchSize``:
-``setup_batch``). ``drain``: prints ``READY``, waits for a line on stdin, runs ``Worker.run()`` (no
-LISTEN) with ``N`` lanes of the queue until ``--jobs`` jobs have completed, and prints one JSON
+``setup_batch``; with ``--global-concurrency N``, at most N of its jobs run at once, fleet-wide).
+``drain``: prints ``READY``, waits for a line on stdin, runs ``Worker.run()`` (no LISTEN) with
+``N`` lanes of the queue until ``--jobs`` jobs have completed, and prints one JSON
 line: the count, the wall-clock start of the first handler call and the end of the last one, the
 marks bench/peers.py and bench/node/peers.mjs take of the peers' handlers. ``serve``:
 ``Worker.run()`` with LISTEN/NOTIFY until SIGTERM, for bench/latency.py: its handler prints
@@ -26,13 +27,15 @@ QUEUE = "bench.noop"
 _done = threading.Semaphore(0)
 _record_starts = False
 _queues: Queues | None = None
+# --global-concurrency: the queue's fleet-wide limit (None: none), declared at the worker's start.
+_global_concurrency: int | None = None
 
 
 _marks = Marks()
 
 
 def declare(queues: Queues) -> None:
-    queues.declare_queue(queue_spec(QUEUE))
+    queues.declare_queue(queue_spec(QUEUE, global_concurrency=_global_concurrency))
 
 
 def handle(job: Job, abort: Abort) -> None:
@@ -78,7 +81,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=0)
     parser.add_argument("--poll-interval", type=float, default=2.0)
     parser.add_argument("--batch", type=int, default=0, help="a batch handler of this size")
+    parser.add_argument("--global-concurrency", type=int, help="the queue's fleet-wide limit")
     args = parser.parse_args()
+    app_jobs._global_concurrency = args.global_concurrency
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
     from sync import Engine

@@ -187,10 +187,21 @@ def _go(procs: list[Any]) -> None:
 # -- ours: application jobs ----------------------------------------------------------------
 
 
-def drain_jobs(result: Result, url: str, n: int, lanes: int, batch: int = 0) -> float:
+def drain_jobs(
+    result: Result,
+    url: str,
+    n: int,
+    lanes: int,
+    batch: int = 0,
+    *,
+    priorities: bool = False,
+    limit: int | None = None,
+) -> float:
     """Send ``n`` jobs to the application queue ``bench.noop``, drain them with one worker
     process of ``lanes`` lanes (with ``batch``, each runs a batch handler of that many jobs),
-    return jobs/s from the start of the first handler call to the end of the last one: the
+    with ``priorities`` a mix of the ten priorities, with ``limit`` a fleet-wide concurrency
+    limit on the queue; return jobs/s from the start of the first handler call to the end of
+    the last one: the
     marks the peers' drains take. The span between the database's stamps (the first claim's
     ``started_at`` to the last completion's ``finished_at``) also holds that completion's
     statement; it goes to ``result.stamped``, for comparison with results taken that way."""
@@ -201,14 +212,16 @@ def drain_jobs(result: Result, url: str, n: int, lanes: int, batch: int = 0) -> 
         assert row is not None
         before = row[0]
         conn.execute(
-            "INSERT INTO jobs (queue, origin_queue, payload, status, run_after, created_at) "
-            "SELECT %(q)s, %(q)s, '{}', 'queued', now(), now() FROM generate_series(1, %(n)s)",
-            {"q": app_jobs.QUEUE, "n": n},
+            "INSERT INTO jobs (queue, origin_queue, payload, status, run_after, created_at, "
+            "priority) SELECT %(q)s, %(q)s, '{}', 'queued', now(), now(), "
+            "CASE WHEN %(mix)s THEN (g * 7) %% 10 END FROM generate_series(1, %(n)s) g",
+            {"q": app_jobs.QUEUE, "n": n, "mix": priorities},
         )
+    limited = [] if limit is None else ["--global-concurrency", str(limit)]
     proc = spawn(
         [
             *(python(), "-m", "bench.app_jobs", "--url", url),
-            *("--lanes", str(lanes), "--jobs", str(n), "--batch", str(batch)),
+            *("--lanes", str(lanes), "--jobs", str(n), "--batch", str(batch), *limited),
         ],
         stdin=subprocess.PIPE,
     )
@@ -455,6 +468,13 @@ def main() -> None:
         # statement for up to 100 jobs; one lane, as pg-boss's one fetch() loop.
         batched = Result("connector-sync jobs", "batch handler of 100, 1 lane", 1)
         tasks.append((batched, partial(drain_jobs, batched, url, n, 1, batch=100)))
+        # Priorities: the ten of them mixed, claimed in priority order by 8 batching lanes.
+        mixed = Result("connector-sync jobs", "8 lanes, priorities 0-9 mixed", 1)
+        tasks.append((mixed, partial(drain_jobs, mixed, url, n, 8, priorities=True)))
+        # A fleet-wide limit of 4 at once: every claim of the queue takes its turn on the
+        # queue's row and counts its active jobs; 8 lanes, so half of them wait for room.
+        limited = Result("connector-sync jobs", "8 lanes, global concurrency 4", 1)
+        tasks.append((limited, partial(drain_jobs, limited, url, n, 8, limit=4)))
         for form, (claim_sql, finish_sql) in BARE_FORMS.items():
             tasks.append(
                 (

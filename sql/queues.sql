@@ -27,14 +27,19 @@ SELECT name FROM job_queues WHERE dead_letter = %(name)s ORDER BY name;
 -- Creates the queue or changes it to match the declaration. Invariant: the dead-letter queue
 -- exists (the foreign key refuses it otherwise).
 INSERT INTO job_queues (name, policy, retry_limit, retry_delay, retry_ceiling, expire,
-                        dead_letter, retention)
+                        dead_letter, retention, priority, priority_step, global_concurrency,
+                        rate_limit, rate_period)
 VALUES (%(name)s, %(policy)s, %(retry_limit)s, %(retry_delay)s, %(retry_ceiling)s, %(expire)s,
-        %(dead_letter)s, %(retention)s)
+        %(dead_letter)s, %(retention)s, %(priority)s, %(priority_step)s,
+        %(global_concurrency)s, %(rate_limit)s, %(rate_period)s)
 ON CONFLICT (name) DO UPDATE
    SET policy = EXCLUDED.policy, retry_limit = EXCLUDED.retry_limit,
        retry_delay = EXCLUDED.retry_delay, retry_ceiling = EXCLUDED.retry_ceiling,
        expire = EXCLUDED.expire, dead_letter = EXCLUDED.dead_letter,
-       retention = EXCLUDED.retention, updated_at = now()
+       retention = EXCLUDED.retention, priority = EXCLUDED.priority,
+       priority_step = EXCLUDED.priority_step,
+       global_concurrency = EXCLUDED.global_concurrency, rate_limit = EXCLUDED.rate_limit,
+       rate_period = EXCLUDED.rate_period, updated_at = now()
 RETURNING *;
 
 -- name: delete_queue_jobs
@@ -45,9 +50,21 @@ DELETE FROM jobs WHERE queue = %(name)s;
 DELETE FROM job_queues WHERE name = %(name)s;
 
 -- name: send_job
--- Invariants in send_job_v1: one pending job per singleton slot, one job per cron tick.
-SELECT * FROM send_job_v1(%(queue)s, %(payload)s, %(key)s, %(now)s::timestamptz,
-                          %(delay)s::double precision, %(at)s::timestamptz, NULL);
+-- Invariants in send_job_v2 (0004): one pending job per singleton slot, one job per cron tick.
+SELECT * FROM send_job_v2(%(queue)s, %(payload)s, %(key)s, %(now)s::timestamptz,
+                          %(delay)s::double precision, %(at)s::timestamptz, NULL,
+                          %(priority)s::smallint);
+
+-- name: send_jobs
+-- Many jobs for one queue in one statement, each through send_job_v2 in the order given, so
+-- each sees the ones before it (on an exclusive queue, a payload after the first gets the
+-- first one's job). The same invariants as send_job.
+SELECT s.job_id, s.outcome
+  FROM unnest(%(payloads)s::jsonb[]) WITH ORDINALITY AS p(payload, n)
+ CROSS JOIN LATERAL send_job_v2(%(queue)s, p.payload, %(key)s, %(now)s::timestamptz,
+                                %(delay)s::double precision, %(at)s::timestamptz, NULL,
+                                %(priority)s::smallint) AS s
+ ORDER BY p.n;
 
 -- name: get_job
 SELECT * FROM jobs WHERE id = %(job_id)s;
@@ -71,11 +88,12 @@ SELECT job_id, attempt, queue, started_at, finished_at, outcome, error
  ORDER BY seq NULLS LAST;
 
 -- name: claim_jobs
--- Invariants in claim_jobs_v3 (0001_baseline.sql): one claim per job, a fencing token
--- per attempt, an expired attempt taken back by a claim. The queue's retry terms come along,
--- so the end of the attempt is decided with the declaration it ran under.
+-- Invariants in claim_jobs_v4 (0004): one claim per job, a fencing token per attempt, an
+-- expired attempt taken back by a claim, priorities, and a queue's fleet-wide limits. The
+-- queue's retry terms come along, so the end of the attempt is decided with the declaration
+-- it ran under.
 SELECT c.*, q.retry_limit, q.retry_delay, q.retry_ceiling, q.expire
-  FROM claim_jobs_v3(%(queues)s::text[], %(limit)s, %(lease)s, %(now)s::timestamptz) c
+  FROM claim_jobs_v4(%(queues)s::text[], %(limit)s, %(lease)s, %(now)s::timestamptz) c
   JOIN job_queues q ON q.name = c.origin_queue;
 
 -- name: complete_attempt
@@ -280,6 +298,22 @@ SELECT queue, cron, next_tick FROM job_schedules
 -- Invariant in fire_schedule_v1: a tick fires once across all workers.
 SELECT fire_schedule_v1(%(queue)s, %(expected)s, %(tick)s, %(next_tick)s,
                         %(now)s::timestamptz) AS job_id;
+
+-- name: wake_queue
+-- Room came back in a queue with a fleet-wide concurrency limit (a job of it ended): the lanes
+-- of that queue on every worker claim again now, not at their next poll.
+SELECT pg_notify(notify_channel(), 'job:' || %(queue)s);
+
+-- name: use_schema
+-- The async API's connections come from the application's pool: each of its transactions
+-- starts by putting the queues' schema on its search_path, for that transaction only (nothing
+-- is left on the connection, so this holds behind a transaction pooler too).
+SELECT set_config('search_path', %(schema)s, true);
+
+-- name: current_schema
+-- The schema of the queues' tables (the first of the pool's search_path), which the statements
+-- run on a caller's own connection name.
+SELECT current_schema() AS schema;
 
 -- name: database_now
 SELECT now() AS now;

@@ -477,7 +477,9 @@ class Engine(IngestionsApi, ProvidersApi, ReadersApi):
         if self._workspace_id is not None:
             raise InvalidInput("a workspace-scoped engine cannot reach the application queues")
         if self._queues is None:
-            self._queues = PostgresQueues(self.pool, lease=self.settings.lease_seconds)
+            self._queues = PostgresQueues(
+                self.pool, lease=self.settings.lease_seconds, schema=self.settings.schema_name
+            )
         return self._queues
 
     def lanes_online(self) -> dict[str, int]:

@@ -44,10 +44,23 @@ T = TypeVar("T")
 
 
 @dataclass
+class Transaction:
+    """An open transaction of the application's, to send in: ``conn`` is what ``send`` takes."""
+
+    conn: object
+    commit: Callable[[], None]
+    rollback: Callable[[], None]
+
+
+@dataclass
 class Harness:
     queues: Queues
     runner: JobRunner
     clock: ManualClock
+    # An open transaction of the application's (a connection of its own, for Postgres).
+    begin: Callable[[], Transaction]
+    # Returns once a send waits for another transaction's key.
+    until_blocked: Callable[[], None]
 
     def declare(self, name: str, **options: Any) -> QueueSpec:
         return self.queues.declare_queue(queue_spec(name, **options))

@@ -41,6 +41,11 @@ def test_queues_and_jobs_from_the_command_line(cli: Cli, backend: Backend) -> No
         "expire": 300.0,
         "dead_letter": "docs.dead",
         "retention": 604800.0,
+        "priority": 0,
+        "priority_step": 60.0,
+        "global_concurrency": None,
+        "rate_limit": None,
+        "rate_period": None,
     }
     cli("queues", "create", "docs.sync", "--policy", "exclusive").ok()
     cli("queues", "create", "docs.sync").one_line_error("already exists", "queues update")
@@ -126,3 +131,49 @@ def test_twenty_concurrent_sends_of_one_key_from_the_command_line_report_one_job
     assert [j["id"] for j in cli("jobs", "list", "--queue", "sources.sync", "--json").json()] == [
         ids[0]
     ]
+
+
+def test_priorities_start_times_and_fleet_wide_limits_from_the_command_line(
+    cli: Cli, backend: Backend
+) -> None:
+    made = cli(
+        "queues", "create", "partner.api", "--global-concurrency", "3", "--rate", "100/1m",
+        "--priority", "5", "--json",
+    ).json()  # fmt: skip
+    assert (made["global_concurrency"], made["rate_limit"], made["rate_period"]) == (3, 100, 60)
+    assert made["priority"] == 5
+    listed = {q["name"]: q for q in cli("queues", "--json").json()}["partner.api"]
+    assert (listed["global_concurrency"], listed["rate_limit"], listed["rate_period"]) == (
+        3,
+        100,
+        60,
+    )
+    table = cli("queues", columns=80).ok().out
+    assert "max 3, 100/1m" in table, table
+    assert all(len(line) <= 80 for line in table.splitlines()), table
+
+    urgent = cli("jobs", "send", "partner.api", "--priority", "0", "--json").json()
+    default = cli("jobs", "send", "partner.api", "--json").json()
+    assert (urgent["priority"], default["priority"]) == (0, 5)
+    later = cli("jobs", "send", "partner.api", "--delay", "30s", "--json").json()
+    assert later["run_after"] > later["created_at"]
+    at = cli("jobs", "send", "partner.api", "--at", "2030-12-24T08:00Z", "--json").json()
+    assert at["run_after"].startswith("2030-12-24T08:00:00")
+    shown = cli("jobs", "send", "partner.api", "--delay", "5m").ok().out
+    assert "priority 5" in shown and "due" in shown
+
+    cli("jobs", "send", "partner.api", "--priority", "10").one_line_error("priority", "0", "9")
+    cli("jobs", "send", "partner.api", "--at", "2030-12-24T08:00").one_line_error("time zone")
+    cli("jobs", "send", "partner.api", "--at", "tomorrow").one_line_error("--at")
+    cli("jobs", "send", "partner.api", "--at", "2030-12-24T08:00Z", "--delay", "1m").one_line_error(
+        "not both"
+    )
+    cli("queues", "update", "partner.api", "--rate", "100").one_line_error("--rate", "10/s")
+    lifted = cli(
+        "queues", "update", "partner.api", "--rate", "none", "--global-concurrency", "0", "--json"
+    ).json()
+    assert (lifted["global_concurrency"], lifted["rate_limit"], lifted["priority"]) == (
+        None,
+        None,
+        5,
+    )

@@ -37,3 +37,21 @@ def format_every(seconds: float | None) -> str:
         if count:
             parts.append(f"{count}{unit}")
     return "".join(parts) or f"{seconds:g}s"
+
+
+def parse_rate(text: str) -> tuple[int, float]:
+    """``10/s``, ``100/1m``, ``5/30s``: at most N per period, as (N, the period in seconds)."""
+    count, slash, period = text.strip().lower().partition("/")
+    if not slash or not count.strip().isdigit() or int(count) < 1:
+        raise ValueError(f"{text!r} is not a rate; write it like 10/s, 100/1m or 5/30s")
+    unit = period.strip()
+    try:
+        seconds = _UNITS[unit] if unit in _UNITS else parse_duration(unit).total_seconds()
+    except ValueError:
+        raise ValueError(f"{text!r} is not a rate; write it like 10/s, 100/1m or 5/30s") from None
+    return int(count), seconds
+
+
+def format_rate(count: int, seconds: float) -> str:
+    """A rate as :func:`parse_rate` reads it: ``10/1s``, ``100/1m``."""
+    return f"{count}/{format_every(seconds)}"

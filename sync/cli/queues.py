@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 
 import typer
 
-from sync.base.durations import parse_duration
+from sync.base.durations import format_rate, parse_duration, parse_rate
 from sync.cli.common import (
     JsonOption,
     app,
@@ -56,6 +56,27 @@ DeadLetterOption = typer.Option(
 RetentionOption = typer.Option(
     None, "--retention", metavar="S", help="How long finished jobs are kept (7d)."
 )
+PriorityDefaultOption = typer.Option(
+    None, "--priority", metavar="N", help="The priority of jobs sent without one (0 first, 9 last)."
+)
+PriorityStepOption = typer.Option(
+    None,
+    "--priority-step",
+    metavar="S",
+    help="Waiting one priority level is worth (1m): no job waits longer behind better ones.",
+)
+ConcurrencyOption = typer.Option(
+    None,
+    "--global-concurrency",
+    metavar="N",
+    help="At most N jobs of the queue run at once across all workers (0: no limit).",
+)
+RateOption = typer.Option(
+    None,
+    "--rate",
+    metavar="N/PERIOD",
+    help="At most N jobs start per period across all workers (10/s, 100/1m; none: no limit).",
+)
 
 
 def _seconds(text: str | None, option: str) -> float | None:
@@ -75,6 +96,7 @@ def _options(
     expire: str | None,
     dead_letter: str | None,
     retention: str | None,
+    limits: dict[str, Any],
 ) -> dict[str, Any]:
     given: dict[str, Any] = {
         "policy": policy,
@@ -87,7 +109,39 @@ def _options(
     }
     if policy is not None and policy not in {p.value for p in QueuePolicy}:
         fail(f"--policy must be standard or exclusive, not {policy!r}")
-    return {k: v for k, v in given.items() if v is not None}
+    return {**{k: v for k, v in given.items() if v is not None}, **limits}
+
+
+def _limits(
+    priority: int | None, step: str | None, concurrency: int | None, rate: str | None
+) -> dict[str, Any]:
+    """The priority and limit options given, as declaration fields; 0 and ``none`` lift a
+    limit."""
+    given: dict[str, Any] = {}
+    if priority is not None:
+        given["priority"] = priority
+    if step is not None:
+        given["priority_step"] = _seconds(step, "--priority-step")
+    if concurrency is not None:
+        given["global_concurrency"] = concurrency or None
+    if rate is not None and rate.strip().lower() == "none":
+        given["rate_limit"] = given["rate_period"] = None
+    elif rate is not None:
+        try:
+            given["rate_limit"], given["rate_period"] = parse_rate(rate)
+        except ValueError as exc:
+            fail(f"--rate: {exc}")
+    return given
+
+
+def limits_text(spec: QueueSpec) -> str:
+    """A queue's fleet-wide limits in a few words: ``max 3, 10/1m``, or ``-``."""
+    parts = []
+    if spec.global_concurrency is not None:
+        parts.append(f"max {spec.global_concurrency}")
+    if spec.rate_limit is not None and spec.rate_period is not None:
+        parts.append(format_rate(spec.rate_limit, spec.rate_period))
+    return ", ".join(parts) or "-"
 
 
 def _json(value: Any) -> Any:
@@ -121,9 +175,11 @@ def _describe(spec: QueueSpec) -> str:
         f"{format_duration(spec.retry_ceiling)}"
     )
     grave = f", dead letters to {spec.dead_letter}" if spec.dead_letter else ""
+    limits = limits_text(spec)
     return (
         f"queue {spec.name} ({spec.policy}): {retries}, expire "
-        f"{format_duration(spec.expire)}{grave}"
+        f"{format_duration(spec.expire)}{grave}, priority {spec.priority}"
+        + ("" if limits == "-" else f", limits {limits}")
     )
 
 
@@ -139,6 +195,7 @@ def queues_list(ctx: typer.Context, as_json: bool = JsonOption) -> None:
         return
     with open_engine() as engine:
         stats = engine.queues.queue_stats()
+        specs = {spec.name: spec for spec in engine.queues.list_queues()}
         lanes = engine.lanes_online()
     now = datetime.now(UTC)
     if as_json:
@@ -150,6 +207,11 @@ def queues_list(ctx: typer.Context, as_json: bool = JsonOption) -> None:
                         None if s.oldest_due_at is None else (now - s.oldest_due_at).total_seconds()
                     ),
                     "lanes_online": lanes.get(s.name, 0),
+                    **{
+                        field: getattr(specs[s.name], field)
+                        for field in ("priority", "global_concurrency", "rate_limit", "rate_period")
+                        if s.name in specs
+                    },
                 }
                 for s in stats
             ]
@@ -168,6 +230,7 @@ def queues_list(ctx: typer.Context, as_json: bool = JsonOption) -> None:
         Col("dead", keep=7, justify="right"),
         Col("oldest", keep=5, justify="right"),
         Col("lanes", keep=4, justify="right"),
+        Col("limits", keep=6),
     ]
     rows: list[list[Cell]] = [
         [
@@ -181,6 +244,7 @@ def queues_list(ctx: typer.Context, as_json: bool = JsonOption) -> None:
             if s.oldest_due_at is None
             else format_duration(max((now - s.oldest_due_at).total_seconds(), 0)),
             str(lanes.get(s.name, 0)),
+            limits_text(specs[s.name]) if s.name in specs else "-",
         ]
         for s in stats
     ]
@@ -198,13 +262,26 @@ def queues_create(
     expire: str | None = ExpireOption,
     dead_letter: str | None = DeadLetterOption,
     retention: str | None = RetentionOption,
+    priority: int | None = PriorityDefaultOption,
+    priority_step: str | None = PriorityStepOption,
+    global_concurrency: int | None = ConcurrencyOption,
+    rate: str | None = RateOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Create a queue (the defaults: standard, 2 retries from 5 s up to 5 min, expire 15 min,
     kept 7 days)."""
     spec = queue_spec(
         name,
-        **_options(policy, retry_limit, retry_delay, retry_ceiling, expire, dead_letter, retention),
+        **_options(
+            policy,
+            retry_limit,
+            retry_delay,
+            retry_ceiling,
+            expire,
+            dead_letter,
+            retention,
+            _limits(priority, priority_step, global_concurrency, rate),
+        ),
     )
     with open_engine() as engine:
         if any(q.name == name for q in engine.queues.list_queues()):
@@ -227,11 +304,22 @@ def queues_update(
     expire: str | None = ExpireOption,
     dead_letter: str | None = DeadLetterOption,
     retention: str | None = RetentionOption,
+    priority: int | None = PriorityDefaultOption,
+    priority_step: str | None = PriorityStepOption,
+    global_concurrency: int | None = ConcurrencyOption,
+    rate: str | None = RateOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Change the options given; the others keep their values."""
     changes = _options(
-        policy, retry_limit, retry_delay, retry_ceiling, expire, dead_letter, retention
+        policy,
+        retry_limit,
+        retry_delay,
+        retry_ceiling,
+        expire,
+        dead_letter,
+        retention,
+        _limits(priority, priority_step, global_concurrency, rate),
     )
     with open_engine() as engine:
         current = engine.queues.get_queue(name)
@@ -269,6 +357,12 @@ def jobs_send(
     delay: str | None = typer.Option(
         None, "--delay", metavar="D", help="Start it later (30s, 5m, 1h)."
     ),
+    at: str | None = typer.Option(
+        None, "--at", metavar="TIME", help="Start it at a time (2026-12-24T08:00Z)."
+    ),
+    priority: int | None = typer.Option(
+        None, "--priority", metavar="N", help="0 runs first, 9 last (the queue's default)."
+    ),
     as_json: bool = JsonOption,
 ) -> None:
     """Send a job; on an exclusive queue a key (or the queue) already pending returns that
@@ -277,19 +371,38 @@ def jobs_send(
         value = json.loads(payload)
     except json.JSONDecodeError as exc:
         fail(f"--payload is not valid JSON ({exc.msg} at column {exc.colno})")
-    start_after = None
-    if delay is not None:
-        try:
-            start_after = parse_duration(delay)
-        except ValueError as exc:
-            fail(f"--delay: {exc}")
+    start_after = _start_after(delay, at)
     with open_engine() as engine:
-        job_id = engine.queues.send(queue, value, key=key, start_after=start_after)
+        job_id = engine.queues.send(
+            queue, value, key=key, start_after=start_after, priority=priority
+        )
         job = engine.queues.get_job(job_id)
     if as_json:
         emit_json(_job_json(job))
     else:
-        stdout().print(f"job #{job.id} is {job.status} in {job.queue}")
+        due = "" if job.run_after <= job.created_at else f", due {when(job.run_after)}"
+        stdout().print(
+            f"job #{job.id} is {job.status} in {job.queue} (priority {job.priority}{due})"
+        )
+
+
+def _start_after(delay: str | None, at: str | None) -> timedelta | datetime | None:
+    if delay is not None and at is not None:
+        fail("give --delay or --at, not both")
+    if delay is not None:
+        try:
+            return parse_duration(delay)
+        except ValueError as exc:
+            fail(f"--delay: {exc}")
+    if at is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(at)
+    except ValueError:
+        fail(f"--at: {at!r} is not a time; write it like 2026-12-24T08:00Z")
+    if moment.tzinfo is None:
+        fail(f"--at: {at!r} has no time zone; add one, like 2026-12-24T08:00Z or +01:00")
+    return moment
 
 
 @jobs_app.command("list")
@@ -321,6 +434,7 @@ def jobs_list(
         Col("queue", key=True),
         Col("status", key=True),
         Col("key", keep=3),
+        Col("pri", keep=5, justify="right"),
         Col("tries", keep=6, justify="right"),
         Col("due", keep=4),
         Col("finished", keep=5),
@@ -332,6 +446,7 @@ def jobs_list(
             j.queue,
             styled(j.status.value),
             j.key or "-",
+            str(j.priority),
             str(j.attempts),
             when(j.run_after, seconds=False),
             when(j.finished_at, seconds=False),
@@ -368,6 +483,7 @@ def jobs_show(job_id: int = JobArg, as_json: bool = JsonOption) -> None:
         ),
         ("status", styled(job.status.value)),
         ("key", job.key or "-"),
+        ("priority", str(job.priority)),
         ("payload", json.dumps(job.payload)),
         ("attempts", str(job.attempts)),
         ("due", when(job.run_after)),

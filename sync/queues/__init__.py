@@ -5,7 +5,8 @@ in-memory implementation for unit tests. See docs/queues.md."""
 from sync.base.clock import Clock, ManualClock, SystemClock
 from sync.queues.declarations import QueueSpec, queue_spec, read_queue_file
 from sync.queues.lanes import parse_lanes
-from sync.queues.memory import InMemoryQueues
+from sync.queues.memory import InMemoryQueues, InMemoryTransaction
+from sync.queues.memory_async import AsyncInMemoryQueues
 from sync.queues.models import (
     AttemptOutcome,
     Job,
@@ -26,16 +27,20 @@ from sync.queues.port import (
     JobSender,
     Queues,
 )
+from sync.queues.port_async import AsyncQueues
 
 __all__ = [
     "MAX_BATCH",
     "Abort",
+    "AsyncInMemoryQueues",
+    "AsyncQueues",
     "AttemptOutcome",
     "BatchHandler",
     "Clock",
     "DeadHook",
     "Handler",
     "InMemoryQueues",
+    "InMemoryTransaction",
     "Job",
     "JobAttempt",
     "JobRunner",

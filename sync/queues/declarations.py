@@ -26,6 +26,9 @@ QueueName = Annotated[str, StringConstraints(pattern=QUEUE_NAME_PATTERN)]
 NAME_RULE = "lower-case letters, digits, '.', '_' and '-', starting with a letter or digit"
 
 DAY = 86400.0
+# Job priorities: 0 runs first (and is the default), 9 last.
+MIN_PRIORITY = 0
+MAX_PRIORITY = 9
 
 
 class QueueSpec(BaseModel):
@@ -43,6 +46,19 @@ class QueueSpec(BaseModel):
     retention: float = Field(
         default=7 * DAY, gt=0, le=3650 * DAY, description="How long finished jobs stay."
     )
+    priority: int = Field(
+        default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY, description="Jobs sent without one get it."
+    )
+    priority_step: float = Field(
+        default=60.0, gt=0, le=DAY, description="Seconds of waiting one priority level is worth."
+    )
+    global_concurrency: int | None = Field(
+        default=None, ge=1, le=100_000, description="Most active jobs across the fleet."
+    )
+    rate_limit: int | None = Field(
+        default=None, ge=1, le=100_000, description="Most starts per rate_period, fleet-wide."
+    )
+    rate_period: float | None = Field(default=None, gt=0, le=DAY, description="Its period.")
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -53,6 +69,8 @@ class QueueSpec(BaseModel):
             )
         if self.dead_letter == self.name:
             raise ValueError("dead_letter must name another queue (or be left out)")
+        if (self.rate_limit is None) != (self.rate_period is None):
+            raise ValueError("rate_limit and rate_period go together (a rate is N per period)")
         return self
 
     @property

@@ -89,6 +89,7 @@ class Completions:
         self._delay = delay
         self._cond = threading.Condition()
         self._pending: list[RunningJob] = []
+        self._flushing = False
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.flushes = 0
@@ -127,13 +128,22 @@ class Completions:
                 batch, self._pending = self._pending, []
                 if not batch and self._stopping:
                     return
+                self._flushing = True
             try:
                 self._queues.complete_many(batch)
             except Exception as exc:  # their leases run out; a claim runs them again
                 log.warning("completing %d job(s) failed: %s", len(batch), first_line(exc))
                 continue
+            finally:
+                with self._cond:
+                    self._flushing = False
             self.flushes += 1
             self.flushed.emit()
+
+    def busy(self) -> bool:
+        """Whether completions are waiting to be written or being written."""
+        with self._cond:
+            return bool(self._pending) or self._flushing
 
 
 Unit = list[RunningJob]
@@ -153,19 +163,61 @@ class QueueJobs(Kind[Unit, str | None]):
         queue: str,
         settings: Settings,
         completions: Completions,
+        *,
+        limited: bool = False,
     ) -> None:
         self.queues = queues
         self.queue = queue
         self._settings = settings
         self.completions = completions
+        # The queue has a fleet-wide concurrency limit: a claim that finds it full while this
+        # worker's own jobs of it are ending waits for their completions, then claims again.
+        self.limited = limited
+        self._held = 0  # jobs of the queue this worker claimed and has not ended yet
+        self._held_lock = threading.Lock()
         registration = queues.handlers.get(queue)
         self.batch = None if registration is None else registration.batch
 
     def claim(self, limit: int) -> Sequence[Unit]:
+        seen = self.completions.flushed.count
+        units = self._claim(limit)
+        if units or not self.limited:
+            return units
+        with self._held_lock:
+            ours = self._held
+        if ours or self.completions.busy() or self.completions.flushed.count > seen:
+            # Room comes back when our own jobs' completions are written, not at the next poll.
+            self.completions.flushed.wait_for(seen + 1, self._settings.poll_interval)
+            units = self._claim(limit)
+        return units
+
+    def _claim(self, limit: int) -> list[Unit]:
         if self.batch is not None:
             claimed = self.queues.claim([self.queue], self.batch, together=True)
-            return [claimed] if claimed else []
-        return [[job] for job in self.queues.claim([self.queue], limit)]
+            units = [claimed] if claimed else []
+        else:
+            units = [[job] for job in self.queues.claim([self.queue], limit)]
+        self._hold(sum(len(unit) for unit in units))
+        return units
+
+    def _complete_now(self, done: list[RunningJob]) -> None:
+        """Write completions at once, failing as :class:`Completions` does: a write that fails
+        for good leaves the jobs to their leases, which run out, and a claim runs them again."""
+        try:
+            self.queues.complete_many(done)
+        except Exception as exc:
+            log.warning("completing %d job(s) failed: %s", len(done), first_line(exc))
+
+    def _wake_fleet(self) -> None:
+        """Room came back in the queue's limit: every worker's lanes of it claim again now."""
+        try:
+            self.queues.store.wake_queue(self.queue)
+        except Exception as exc:  # the other workers find the room at their next poll
+            log.warning("could not wake the lanes of %s: %s", self.queue, first_line(exc))
+
+    def _hold(self, count: int) -> None:
+        with self._held_lock:
+            self._held += count
 
     def holds(self, unit: Unit) -> Sequence[Hold]:
         holds = []
@@ -197,15 +249,23 @@ class QueueJobs(Kind[Unit, str | None]):
     ) -> None:
         try:
             done = [j for j, o in zip(unit, outcomes, strict=True) if o.status is COMPLETED]
-            if done:
+            if done and self.limited:
+                # Its room in the queue's limit comes back at once, not after a shared flush.
+                self._complete_now(done)
+            elif done:
                 self.completions.submit_many(done)
             for job, outcome in zip(unit, outcomes, strict=True):
                 if outcome.status is not COMPLETED:
                     self.queues.end(job, outcome, handled)
         finally:
             self.queues.forget(unit)
+            self._hold(-len(unit))
+            if self.limited:
+                self.completions.flushed.emit()  # a claim here waiting for room tries again
+                self._wake_fleet()
 
     def hand_back(self, unit: Unit) -> None:
+        self._hold(-len(unit))
         for job in unit:
             try:
                 self.queues.hand_back(job)
@@ -248,8 +308,10 @@ def slots(parts: WorkerParts) -> Sequence[SlotSpec]:
     completions = Completions(queues)
     specs = []
     for name, count in sorted(served.items()):
-        kind = QueueJobs(queues, name, parts.settings, completions)
-        standard = queues.get_queue(name).policy is QueuePolicy.STANDARD
+        spec = queues.get_queue(name)
+        limited = spec.global_concurrency is not None
+        kind = QueueJobs(queues, name, parts.settings, completions, limited=limited)
+        standard = spec.policy is QueuePolicy.STANDARD
         specs.append(
             SlotSpec(kind, lanes=count, claims_ahead=standard and kind.batch is None, wakes_on=name)
         )

@@ -20,12 +20,13 @@ import functools
 import logging
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from sync.base.clock import Clock, SystemClock
+from sync.base.signals import TestSignal
 from sync.errors import Conflict, InvalidInput, NotFound
 from sync.jobs.outcome import Action
 from sync.queues.admission import check_key, due_time
@@ -47,6 +48,7 @@ from sync.queues.payloads import json_payload
 from sync.queues.port import BatchHandler, DeadHook, Handler, JobRunner, Queues
 from sync.queues.registry import HandlerRegistry, Registration
 from sync.queues.retries import DEAD, fate_after
+from sync.queues.sending import not_a_connection, outgoing
 
 log = logging.getLogger("sync.queues")
 
@@ -64,6 +66,36 @@ class _Claim:
 _DeadCall = tuple[DeadHook, Job]
 
 
+class InMemoryTransaction:
+    """A transaction of :class:`InMemoryQueues` (its ``transaction()``), passed as ``conn=``
+    where the application passes its own connection to the Postgres implementation. As a
+    context manager it commits when the block ends and rolls back when the block raises."""
+
+    def __init__(self, owner: InMemoryQueues) -> None:
+        self.owner = owner
+        self.closed = False
+
+    def commit(self) -> None:
+        self.owner._end(self, commit=True)
+
+    def rollback(self) -> None:
+        self.owner._end(self, commit=False)
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise InvalidInput("the transaction has ended; send in an open one")
+
+    def __enter__(self) -> InMemoryTransaction:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if not self.closed:
+            self._end(commit=kind is None)
+
+    def _end(self, *, commit: bool) -> None:
+        self.owner._end(self, commit)
+
+
 class InMemoryQueues(Queues, JobRunner):
     """Time comes from ``clock`` (the system clock by default); retry jitter from ``rand``."""
 
@@ -73,6 +105,9 @@ class InMemoryQueues(Queues, JobRunner):
         self._clock = clock or SystemClock()
         self._rand = rand
         self._lock = threading.Lock()
+        # Notified when a transaction ends: a sender waiting for a slot it held tries again.
+        self._changed = threading.Condition(self._lock)
+        self.sender_waits = TestSignal()  # emitted when a send starts waiting for a key
         self._handlers = HandlerRegistry()
         self._table = JobTable()
 
@@ -145,14 +180,68 @@ class InMemoryQueues(Queues, JobRunner):
         *,
         key: str | None = None,
         start_after: datetime | timedelta | None = None,
+        priority: int | None = None,
+        conn: object | None = None,
     ) -> int:
-        with self._lock:
+        return self._send(queue, [payload], key, start_after, priority, conn)[0]
+
+    def send_many(
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        *,
+        start_after: datetime | timedelta | None = None,
+        priority: int | None = None,
+        conn: object | None = None,
+    ) -> list[int]:
+        return self._send(queue, payloads, None, start_after, priority, conn)
+
+    def transaction(self) -> InMemoryTransaction:
+        """A transaction to send in (``conn=``), standing for the application's own: its jobs
+        exist once it commits, and never if it rolls back."""
+        return InMemoryTransaction(self)
+
+    def _send(
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        key: str | None,
+        start_after: datetime | timedelta | None,
+        priority: int | None,
+        conn: object | None,
+    ) -> list[int]:
+        if conn is not None and not (isinstance(conn, InMemoryTransaction) and conn.owner is self):
+            raise not_a_connection(conn, "a transaction of this InMemoryQueues (.transaction())")
+        with self._changed:
             spec = self._table.spec(queue)
             check_key(spec, key)
-            value = json_payload(queue, payload)
+            sent = outgoing(
+                queue, payloads, key=key, start_after=start_after, priority=priority, now=None
+            )
+            if isinstance(conn, InMemoryTransaction):
+                conn.check_open()
+            # A slot held by a job another transaction has not committed yet: wait for it.
+            while self._table.slot_staged_by(spec, key) not in (None, conn):
+                self.sender_waits.emit()
+                self._changed.wait()
             now = self._clock.now()
-            job_id, _ = self._table.insert(spec, value, key, due_time(now, start_after), now, None)
-            return job_id
+            due = due_time(now, start_after)
+            return [
+                self._table.insert(
+                    spec, value, key, due, now, None, priority=priority, transaction=conn
+                )[0]
+                for value in sent.payloads
+            ]
+
+    def _end(self, transaction: InMemoryTransaction, commit: bool) -> None:
+        with self._changed:
+            transaction.check_open()
+            transaction.closed = True
+            if commit:
+                self._table.commit(transaction)
+            else:
+                self._table.rollback(transaction)
+            self._changed.notify_all()
 
     def get_job(self, job_id: int) -> Job:
         with self._lock:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import itertools
 import threading
+from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -80,6 +81,7 @@ class Entry:
     error: str | None = None
     processed_units: int | None = None
     total_units: int | None = None
+    priority: int = 0
     slot: str | None = None  # the singleton slot it holds while pending
     token: int | None = None  # the running attempt's fencing token
     abort: AttemptAbort | None = None
@@ -103,14 +105,17 @@ class Entry:
             tick=self.tick,
             processed_units=self.processed_units,
             total_units=self.total_units,
+            priority=self.priority,
         )
 
-    def due_at(self) -> datetime:
-        """When a claim may take it: its run_after, or an active attempt's expiry."""
+    def claim_order(self, spec: QueueSpec) -> tuple[int, datetime, int]:
+        """Where a claim takes it: an active attempt past its expiry first (by its expiry),
+        then waiting jobs by their run_after plus ``priority_step`` per priority level."""
         if self.status is JobStatus.ACTIVE:
             assert self.expires_at is not None
-            return self.expires_at
-        return self.run_after
+            return 0, self.expires_at, self.id
+        step = timedelta(seconds=spec.priority_step * self.priority)
+        return 1, self.run_after + step, self.id
 
 
 class JobTable:
@@ -119,6 +124,10 @@ class JobTable:
         self.jobs: dict[int, Entry] = {}
         self.schedules: dict[str, Schedule] = {}
         self._slots: dict[tuple[str, str], int] = {}  # (queue, slot) -> the pending job
+        # Jobs sent in a transaction not committed yet: invisible, but holding their slots.
+        self.staged: dict[int, tuple[Entry, object]] = {}
+        # The starts of the jobs of rate-limited queues within their period.
+        self._starts: dict[str, deque[datetime]] = {}
         self._ids = itertools.count(1)
         self._tokens = itertools.count(1)
 
@@ -156,8 +165,12 @@ class JobTable:
         run_after: datetime,
         now: datetime,
         tick: datetime | None,
+        *,
+        priority: int | None = None,
+        transaction: object | None = None,
     ) -> tuple[int, bool]:
-        """A new queued job, or the pending one holding its singleton slot (and False)."""
+        """A new queued job, or the pending one holding its singleton slot (and False). In a
+        ``transaction``, the new job is staged until :meth:`commit`."""
         slot = singleton_slot(spec, key)
         if slot is not None and (spec.name, slot) in self._slots:
             return self._slots[(spec.name, slot)], False
@@ -171,10 +184,33 @@ class JobTable:
             run_after=run_after,
             created_at=now,
             tick=tick,
+            priority=spec.priority if priority is None else priority,
         )
         self._hold(entry, slot)
-        self.jobs[entry.id] = entry
+        if transaction is None:
+            self.jobs[entry.id] = entry
+        else:
+            self.staged[entry.id] = (entry, transaction)
         return entry.id, True
+
+    def slot_staged_by(self, spec: QueueSpec, key: str | None) -> object | None:
+        """The transaction whose job not committed yet holds the slot of ``key``, if any."""
+        slot = singleton_slot(spec, key)
+        holder = self._slots.get((spec.name, slot)) if slot is not None else None
+        staged = self.staged.get(holder) if holder is not None else None
+        return None if staged is None else staged[1]
+
+    def commit(self, transaction: object) -> None:
+        for job_id, (entry, owner) in list(self.staged.items()):
+            if owner is transaction:
+                del self.staged[job_id]
+                self.jobs[job_id] = entry
+
+    def rollback(self, transaction: object) -> None:
+        for job_id, (entry, owner) in list(self.staged.items()):
+            if owner is transaction:
+                del self.staged[job_id]
+                self._release(entry)
 
     def requeue(self, entry: Entry, now: datetime) -> None:
         """A dead or cancelled job back to its queue, queued now with a fresh set of attempts."""
@@ -222,12 +258,14 @@ class JobTable:
     # Attempts
 
     def next_due(self, served: Collection[str], now: datetime) -> Entry | None:
-        """The due job of a ``served`` queue that has waited longest: a queued or retrying job
-        past its run_after, or an active one whose attempt outlived its expiry."""
+        """The due job of a ``served`` queue that comes first in claim order (see
+        :meth:`Entry.claim_order`): a queued or retrying job past its run_after, or an active
+        one whose attempt outlived its expiry; none of a queue at its fleet-wide limit."""
+        open_queues = {name for name in served if name in self.queues and self._room(name, now)}
         due = [
             entry
             for entry in self.jobs.values()
-            if entry.origin_queue in served
+            if entry.origin_queue in open_queues
             and (
                 (entry.status in WAITING and entry.run_after <= now)
                 or (
@@ -237,7 +275,29 @@ class JobTable:
                 )
             )
         ]
-        return min(due, key=lambda e: (e.due_at(), e.id)) if due else None
+        return min(due, key=lambda e: e.claim_order(self.queues[e.origin_queue]), default=None)
+
+    def _room(self, queue: str, now: datetime) -> bool:
+        """Whether a claim may start another attempt of ``queue`` within its limits."""
+        spec = self.queues[queue]
+        if spec.global_concurrency is not None:
+            active = sum(
+                1
+                for e in self.jobs.values()
+                if e.origin_queue == queue
+                and e.status is JobStatus.ACTIVE
+                and e.expires_at is not None
+                and e.expires_at >= now
+            )
+            if active >= spec.global_concurrency:
+                return False
+        if spec.rate_limit is not None and spec.rate_period is not None:
+            starts = self._starts.setdefault(queue, deque())
+            while starts and starts[0] <= now - timedelta(seconds=spec.rate_period):
+                starts.popleft()
+            if len(starts) >= spec.rate_limit:
+                return False
+        return True
 
     def new_token(self) -> int:
         return next(self._tokens)
@@ -250,7 +310,10 @@ class JobTable:
         entry.abort = abort
         entry.started_at = now
         entry.finished_at = None
-        entry.expires_at = now + timedelta(seconds=self.queues[entry.origin_queue].expire)
+        spec = self.queues[entry.origin_queue]
+        entry.expires_at = now + timedelta(seconds=spec.expire)
+        if spec.rate_limit is not None:
+            self._starts.setdefault(spec.name, deque()).append(now)
         entry.history.append(
             JobAttempt(entry.id, entry.attempts, entry.queue, now, None, None, None)
         )

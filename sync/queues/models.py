@@ -62,6 +62,8 @@ class Job:
     # Progress its handler reported (``abort.report_progress``), if any.
     processed_units: int | None = None
     total_units: int | None = None
+    # 0 runs first, 9 last (see docs/queues.md for how long a job may wait behind better ones).
+    priority: int = 0
 
 
 @dataclass(frozen=True)

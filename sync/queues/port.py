@@ -6,7 +6,7 @@ serves an application's unit tests) passes the contract suite in ``tests/queues_
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -58,11 +58,33 @@ class JobSender(Protocol):
         *,
         key: str | None = None,
         start_after: datetime | timedelta | None = None,
+        priority: int | None = None,
+        conn: object | None = None,
     ) -> int:
         """Queue a job and return its id. ``payload`` must be JSON. On an exclusive queue, a job
         whose key (or, without a key, the queue itself) already has a queued, retrying or
         active job is not queued: the id of that job is returned. ``start_after`` delays the
-        job by a timedelta or until a (timezone-aware) time."""
+        job by a timedelta or until a (timezone-aware) time. ``priority``: 0 (first) to 9
+        (last); the queue's default without one.
+
+        ``conn``: the caller's own connection (a psycopg ``Connection``; for the in-memory
+        implementation, one of its transactions): the job is inserted in its open transaction,
+        so it exists, and wakes a worker, only once that transaction commits, and never if it
+        rolls back. A second sender of a key held by a job not committed yet waits for that
+        transaction, then gets its job (or queues its own, if it rolled back)."""
+        ...
+
+    def send_many(
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        *,
+        start_after: datetime | timedelta | None = None,
+        priority: int | None = None,
+        conn: object | None = None,
+    ) -> list[int]:
+        """Queue a job per payload (1 to 1000) in one round trip, as :meth:`send` without a
+        key; their ids in the order of ``payloads``."""
         ...
 
 

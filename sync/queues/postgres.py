@@ -15,9 +15,8 @@ import functools
 import logging
 import random
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -25,9 +24,9 @@ import psycopg
 
 from sync.base.abort import AbortReason, AbortSignal
 from sync.base.clock import Clock
-from sync.errors import Conflict, InvalidInput, NotFound
+from sync.errors import Conflict, NotFound
 from sync.jobs.outcome import Action, Outcome
-from sync.queues.admission import check_key_text, due_time, key_on_standard
+from sync.queues.caller import send_on
 from sync.queues.cron import firing, next_tick, parse_cron
 from sync.queues.declarations import QueueSpec
 from sync.queues.failures import one_line
@@ -42,46 +41,26 @@ from sync.queues.models import (
 )
 from sync.queues.payloads import json_payload
 from sync.queues.port import BatchHandler, DeadHook, Handler, JobRunner, Queues
+from sync.queues.refusals import (
+    cannot_cancel,
+    cannot_retry,
+    check_list_limit,
+    no_job,
+    no_such_queue,
+    queue_gone,
+    slot_taken,
+)
 from sync.queues.registry import HandlerRegistry, Registration
 from sync.queues.retries import fate_after
+from sync.queues.running import AttemptHandle, RunningJob
+from sync.queues.sending import Outgoing, no_queue, not_a_connection, outgoing, sent_ids
 from sync.queues.store import ClaimedJob, JobStore, QueueChanges
 from sync.store.db import Pool
 
 log = logging.getLogger("sync.queues")
 
-MAX_LIST = 1000
 PRUNE_BATCH = 5000
 DEFAULT_LEASE = 120.0
-
-
-class AttemptHandle:
-    """What a handler gets as its ``abort``: the attempt's abort signal (tripped by a cancel,
-    a lost lease, the attempt's expiry or a shutdown) and its fenced progress report."""
-
-    def __init__(self, signal: AbortSignal, report: Callable[[int, int | None], bool]) -> None:
-        self.signal = signal
-        self._report = report
-
-    @property
-    def is_set(self) -> bool:
-        return self.signal.is_set
-
-    def wait(self, seconds: float) -> bool:
-        return self.signal.wait(seconds)
-
-    def report_progress(self, processed: int, total: int | None = None) -> bool:
-        return self._report(processed, total)
-
-
-@dataclass(frozen=True)
-class RunningJob:
-    """An attempt a claim started in this process."""
-
-    job: Job
-    lease_owner: UUID
-    spec: QueueSpec
-    registration: Registration
-    signal: AbortSignal
 
 
 class PostgresQueues(Queues, JobRunner):
@@ -96,8 +75,10 @@ class PostgresQueues(Queues, JobRunner):
         clock: Clock | None = None,
         rand: Callable[[], float] = random.random,
         lease: float = DEFAULT_LEASE,
+        schema: str | None = None,
     ) -> None:
         self.store = JobStore(pool)
+        self._schema = schema
         self._clock = clock
         self._rand = rand
         self.lease = lease
@@ -138,7 +119,7 @@ class PostgresQueues(Queues, JobRunner):
     def get_queue(self, name: str) -> QueueSpec:
         spec = self.store.get_queue(name)
         if spec is None:
-            raise NotFound(f"no queue named {name!r}; declare it first")
+            raise no_such_queue(name)
         return spec
 
     def list_queues(self) -> list[QueueSpec]:
@@ -188,33 +169,60 @@ class PostgresQueues(Queues, JobRunner):
         *,
         key: str | None = None,
         start_after: datetime | timedelta | None = None,
+        priority: int | None = None,
+        conn: object | None = None,
     ) -> int:
-        check_key_text(queue, key)
-        value = json_payload(queue, payload)
         now = self._now()
-        delay, at = _start(now, start_after)
+        sent = outgoing(
+            queue, [payload], key=key, start_after=start_after, priority=priority, now=now
+        )
+        return self._send(sent, now, conn)[0]
+
+    def send_many(
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        *,
+        start_after: datetime | timedelta | None = None,
+        priority: int | None = None,
+        conn: object | None = None,
+    ) -> list[int]:
+        now = self._now()
+        sent = outgoing(
+            queue, payloads, key=None, start_after=start_after, priority=priority, now=now
+        )
+        return self._send(sent, now, conn)
+
+    def _send(self, sent: Outgoing, now: datetime | None, conn: object | None) -> list[int]:
+        if conn is not None and not isinstance(conn, psycopg.Connection):
+            raise not_a_connection(conn, "a psycopg Connection")
         try:
-            sent = self.store.send(queue, value, key, now=now, delay=delay, at=at)
+            if conn is None:
+                results = self.store.send(sent, now)
+            else:
+                results = send_on(conn, self.schema, sent, now)
         except psycopg.errors.ForeignKeyViolation:  # the queue was deleted meanwhile
-            sent = None
-        if sent is None or sent.outcome == "no_queue":
-            raise NotFound(f"no queue named {queue!r}; declare it first")
-        if sent.outcome == "key_on_standard":
-            raise key_on_standard(queue)
-        assert sent.job_id is not None
-        return sent.job_id
+            raise no_queue(sent.queue) from None
+        return sent_ids(sent.queue, results)
+
+    @property
+    def schema(self) -> str:
+        """The schema of the queues' tables, named by the statements run on a caller's
+        connection."""
+        if self._schema is None:
+            self._schema = self.store.current_schema()
+        return self._schema
 
     def get_job(self, job_id: int) -> Job:
         job = self.store.get_job(job_id)
         if job is None:
-            raise NotFound(f"no job {job_id}")
+            raise no_job(job_id)
         return job
 
     def list_jobs(
         self, *, queue: str | None = None, status: JobStatus | None = None, limit: int = 50
     ) -> list[Job]:
-        if not 1 <= limit <= MAX_LIST:
-            raise InvalidInput(f"limit must be from 1 to {MAX_LIST}, not {limit}")
+        check_list_limit(limit)
         return self.store.list_jobs(queue, status, limit)
 
     def attempts(self, job_id: int) -> list[JobAttempt]:
@@ -226,15 +234,17 @@ class PostgresQueues(Queues, JobRunner):
     def cancel_job(self, job_id: int) -> Job:
         cancelled = self.store.cancel(job_id, self._now())
         if cancelled.previous is None:
-            raise NotFound(f"no job {job_id}")
+            raise no_job(job_id)
         if cancelled.job is None:
-            raise Conflict(
-                f"job {job_id} is {cancelled.previous}; only queued, retrying or active jobs "
-                "can be cancelled"
-            )
+            raise cannot_cancel(job_id, cancelled.previous)
         if cancelled.lease_owner is not None:
-            self._trip_local(job_id, cancelled.lease_owner, AbortReason.CANCELLED)
+            self.cancelled_here(job_id, cancelled.lease_owner)
         return cancelled.job
+
+    def cancelled_here(self, job_id: int, owner: UUID) -> None:
+        """A job was cancelled while its attempt ``owner`` ran: if it runs in this process,
+        its abort signal is set now (elsewhere, its lease keeper's control read tells it)."""
+        self._trip_local(job_id, owner, AbortReason.CANCELLED)
 
     def retry_job(self, job_id: int) -> Job:
         job = self.get_job(job_id)
@@ -246,32 +256,19 @@ class PostgresQueues(Queues, JobRunner):
             job = self.get_job(job_id)  # it was claimed meanwhile
         if job.status in (JobStatus.DEAD, JobStatus.CANCELLED):
             return self._requeue(job, now)
-        raise Conflict(
-            f"job {job_id} is {job.status}; only dead, cancelled or retrying jobs can be "
-            "retried (send a new job instead)"
-        )
+        raise cannot_retry(job_id, job.status)
 
     def _requeue(self, job: Job, now: datetime | None) -> Job:
         try:
             requeued = self.store.requeue(job.id, now)
         except psycopg.errors.UniqueViolation:
             holder = self.store.slot_holder(job.origin_queue, job.key)
-            raise Conflict(
-                f"job {job.id} cannot go back to queue {job.origin_queue!r}: job {holder} with "
-                "the same key is pending there and does its work"
-            ) from None
+            raise slot_taken(job, holder) from None
         if requeued is not None:
             return requeued
         if self.store.get_queue(job.origin_queue) is None:
-            raise NotFound(
-                f"job {job.id}'s queue {job.origin_queue!r} no longer exists; declare it "
-                "again to retry the job"
-            )
-        now_job = self.get_job(job.id)
-        raise Conflict(
-            f"job {job.id} is {now_job.status}; only dead, cancelled or retrying jobs can be "
-            "retried (send a new job instead)"
-        )
+            raise queue_gone(job)
+        raise cannot_retry(job.id, self.get_job(job.id).status)
 
     def redrive(self, queue: str) -> Redrive:
         self.get_queue(queue)
@@ -572,17 +569,3 @@ class PostgresQueues(Queues, JobRunner):
                 job.id,
                 one_line(exc),
             )
-
-
-def _start(
-    now: datetime | None, start_after: datetime | timedelta | None
-) -> tuple[float | None, datetime | None]:
-    """A send's start as the database takes it: a delay in seconds, or a time."""
-    if start_after is None:
-        return None, None
-    if now is not None:
-        return None, due_time(now, start_after)
-    if isinstance(start_after, timedelta):
-        return max(start_after.total_seconds(), 0.0), None
-    due_time(datetime.now(UTC), start_after)  # refuses a naive time, or what is no time
-    return None, start_after

@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import Any, TypeVar
 from uuid import UUID
 
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from sync.queues.declarations import QueueSpec
@@ -32,6 +33,7 @@ from sync.queues.models import (
     QueueStats,
     Schedule,
 )
+from sync.queues.sending import Outgoing, SendResult, send_params
 from sync.store.db import Connection
 from sync.store.pooled import PooledStore
 from sync.store.queries import NamedQueries
@@ -40,6 +42,14 @@ Row = dict[str, Any]
 T = TypeVar("T")
 
 QUEUE_QUERIES = NamedQueries("queues.sql")
+# The statements run on a caller's own connection (sync.queues.caller), schema-qualified.
+_CALLER_QUERIES = NamedQueries("queues_caller.sql")
+
+
+@lru_cache(maxsize=64)
+def caller_statement(name: str, schema: str) -> sql.Composed:
+    """A statement of ``sql/queues_caller.sql`` with its schema filled in, built once."""
+    return _CALLER_QUERIES[name].format(schema=sql.Identifier(schema))
 
 
 @dataclass(frozen=True)
@@ -50,12 +60,6 @@ class ClaimedJob:
     job: Job
     lease_owner: UUID
     spec: QueueSpec
-
-
-@dataclass(frozen=True)
-class SendResult:
-    job_id: int | None
-    outcome: str  # created | existing | no_queue | key_on_standard
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ def job_from_row(row: Row) -> Job:
         tick=row["tick"],
         processed_units=row["processed_units"],
         total_units=row["total_units"],
+        priority=row["priority"],
     )
 
 
@@ -111,7 +116,46 @@ def spec_from_row(row: Row) -> QueueSpec:
         expire=row["expire"],
         dead_letter=row["dead_letter"],
         retention=row["retention"],
+        priority=row["priority"],
+        priority_step=row["priority_step"],
+        global_concurrency=row["global_concurrency"],
+        rate_limit=row["rate_limit"],
+        rate_period=row["rate_period"],
     )
+
+
+def stats_from_row(row: Row) -> QueueStats:
+    return QueueStats(
+        name=row["name"],
+        policy=QueuePolicy(row["policy"]),
+        queued=row["queued"],
+        active=row["active"],
+        retrying=row["retrying"],
+        dead=row["dead"],
+        oldest_due_at=row["oldest_due_at"],
+    )
+
+
+def attempt_from_row(row: Row) -> JobAttempt:
+    return JobAttempt(
+        job_id=row["job_id"],
+        attempt=row["attempt"],
+        queue=row["queue"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        outcome=AttemptOutcome(row["outcome"]) if row["outcome"] else None,
+        error=row["error"],
+    )
+
+
+def cancelled_from_row(row: Row | None) -> Cancelled:
+    if row is None:
+        return Cancelled(None, None, None)
+    previous = JobStatus(row["previous"])
+    if row["id"] is None:
+        return Cancelled(previous, None, None)
+    owner = row["lease_owner"] if previous is JobStatus.ACTIVE else None
+    return Cancelled(previous, job_from_row(row), owner)
 
 
 def _schedule(row: Row) -> Schedule:
@@ -179,27 +223,23 @@ class JobStore(PooledStore):
 
     # Jobs
 
-    def send(
-        self,
-        queue: str,
-        payload: Any,
-        key: str | None,
-        *,
-        now: datetime | None,
-        delay: float | None,
-        at: datetime | None,
-    ) -> SendResult:
-        params = {
-            "queue": queue,
-            "payload": Jsonb(payload),
-            "key": key,
-            "now": now,
-            "delay": delay,
-            "at": at,
-        }
-        row = self._one(QUEUE_QUERIES.send_job, params)
+    def send(self, outgoing: Outgoing, now: datetime | None) -> list[SendResult]:
+        """Queue the jobs of ``outgoing`` in one statement (on its own transaction)."""
+        if len(outgoing.payloads) == 1:
+            row = self._one(QUEUE_QUERIES.send_job, send_params(outgoing, now))
+            assert row is not None
+            return [SendResult(row["job_id"], row["outcome"])]
+        rows = self._all(QUEUE_QUERIES.send_jobs, send_params(outgoing, now))
+        return [SendResult(r["job_id"], r["outcome"]) for r in rows]
+
+    def wake_queue(self, queue: str) -> None:
+        """Wake the lanes of ``queue`` on every worker (a NOTIFY on the engine's channel)."""
+        self._one(QUEUE_QUERIES.wake_queue, {"queue": queue})
+
+    def current_schema(self) -> str:
+        row = self._one(QUEUE_QUERIES.current_schema, {})
         assert row is not None
-        return SendResult(row["job_id"], row["outcome"])
+        return str(row["schema"])
 
     def get_job(self, job_id: int) -> Job | None:
         row = self._one(QUEUE_QUERIES.get_job, {"job_id": job_id})
@@ -210,18 +250,8 @@ class JobStore(PooledStore):
         return [job_from_row(r) for r in self._all(QUEUE_QUERIES.list_jobs, params)]
 
     def attempts(self, job_id: int) -> list[JobAttempt]:
-        return [
-            JobAttempt(
-                job_id=r["job_id"],
-                attempt=r["attempt"],
-                queue=r["queue"],
-                started_at=r["started_at"],
-                finished_at=r["finished_at"],
-                outcome=AttemptOutcome(r["outcome"]) if r["outcome"] else None,
-                error=r["error"],
-            )
-            for r in self._all(QUEUE_QUERIES.job_attempts, {"job_id": job_id})
-        ]
+        rows = self._all(QUEUE_QUERIES.job_attempts, {"job_id": job_id})
+        return [attempt_from_row(r) for r in rows]
 
     def claim(
         self, queues: list[str], limit: int, lease: float, now: datetime | None
@@ -353,14 +383,9 @@ class JobStore(PooledStore):
     # An operator's
 
     def cancel(self, job_id: int, now: datetime | None) -> Cancelled:
-        row = self._one(QUEUE_QUERIES.cancel_job, {"job_id": job_id, "now": now})
-        if row is None:
-            return Cancelled(None, None, None)
-        previous = JobStatus(row["previous"])
-        if row["id"] is None:
-            return Cancelled(previous, None, None)
-        owner = row["lease_owner"] if previous is JobStatus.ACTIVE else None
-        return Cancelled(previous, job_from_row(row), owner)
+        return cancelled_from_row(
+            self._one(QUEUE_QUERIES.cancel_job, {"job_id": job_id, "now": now})
+        )
 
     def make_retrying_due(self, job_id: int, now: datetime | None) -> Job | None:
         row = self._one(QUEUE_QUERIES.make_retrying_due, {"job_id": job_id, "now": now})
@@ -423,18 +448,7 @@ class JobStore(PooledStore):
     # What operators read; retention; workers
 
     def queue_stats(self, now: datetime | None) -> list[QueueStats]:
-        return [
-            QueueStats(
-                name=r["name"],
-                policy=QueuePolicy(r["policy"]),
-                queued=r["queued"],
-                active=r["active"],
-                retrying=r["retrying"],
-                dead=r["dead"],
-                oldest_due_at=r["oldest_due_at"],
-            )
-            for r in self._all(QUEUE_QUERIES.queue_stats, {"now": now})
-        ]
+        return [stats_from_row(r) for r in self._all(QUEUE_QUERIES.queue_stats, {"now": now})]
 
     def prune(self, now: datetime | None, limit: int) -> int:
         return len(self._all(QUEUE_QUERIES.prune_jobs, {"now": now, "limit": limit}))
