@@ -4,6 +4,7 @@ added, widened, vanished), names that clash or are too long, and the schema's hi
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -11,8 +12,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from connectors import register
+from connectors.registry import unregister
 from sync import Engine
-from tests.typed_support import LONG, column_types, dataset, rows, sync_once
+from tests.fakes import DATASETS
+from tests.typed_support import LONG, TypedNames, column_types, dataset, rows, sync_once
 
 META = {
     "_key": "text",
@@ -187,16 +191,21 @@ def test_evolution_adds_widens_and_keeps_a_vanished_column(engine: Engine, reade
     assert engine.reader_schema(conn.id, "items").tables[0].version == 4
 
 
+@pytest.fixture
+def typed_names() -> Iterator[None]:
+    register(TypedNames)
+    yield
+    unregister(TypedNames.provider)
+
+
+@pytest.mark.usefixtures("typed_names")
 def test_names_that_clash_or_are_too_long(engine: Engine, reader: Any) -> None:
     long_a = LONG + "alpha"
     long_b = LONG + "beta"
     record = {"id": 1, "Name": "upper", "name": "lower", "_key": "mine", long_a: 1, long_b: 2}
     record["é" * 40] = "wide"  # 80 bytes of UTF-8: cut at a character boundary
     key, _ = dataset(**{t: [record] for t in ("Tasks", "tasks", "tasks__all")})
-    DATA_LONG = {LONG + "one": [record], LONG + "two": [record]}
-    from tests.fakes import DATASETS
-
-    DATASETS[key].tables.update(DATA_LONG)
+    DATASETS[key].tables.update({LONG + "one": [record], LONG + "two": [record]})
     ws = engine.create_workspace("w")
     conn = engine.create_connection(ws.id, "c", "typed_names", config={"dataset": key})
     assert sync_once(engine, conn.id).status == "succeeded"

@@ -49,6 +49,7 @@ ACTION_ROUTES = {
     "/runs/{run_id:int}/cancel": "/runs/1/cancel",
     "/runs/{run_id:int}/retry": "/runs/1/retry",
     "/queues/{queue}/redrive": "/queues/mail/redrive",
+    "/queues/send": "/queues/send",
     "/jobs/{job_id:int}/cancel": "/jobs/1/cancel",
     "/jobs/{job_id:int}/retry": "/jobs/1/retry",
     "/ingestions/{ingestion_id:int}/cancel": "/ingestions/1/cancel",

@@ -46,8 +46,9 @@ class TypedModel(MemoryConnector):
     tables = (Table("issues", "id", Mode.FULL, model=Issue, flatten=("user",)),)
 
 
-@register
 class TypedNames(MemoryConnector):
+    """Registered only while a test uses it: its names are wider than a terminal."""
+
     provider = "typed_names"
     tables = (
         Table("Tasks", "id", Mode.FULL),
