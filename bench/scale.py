@@ -133,9 +133,6 @@ BASE_BACK = "UPDATE connection_runs SET queued_at = queued_at - interval '1 hour
 )
 
 
-# The function the worker's claim statement calls.
-CLAIM = "claim_run_v3(text, interval, text[], boolean)"
-
 PARAMS = {
     "worker_id": "bench-scale",
     "lease": timedelta(seconds=120),
@@ -314,14 +311,6 @@ def main() -> None:
                 with connect(url) as conn:
                     exec_all(conn, NOT_DUE, count=10_000)
                 measure(f"{size:,} finished + 10,000 queued, not due", have)
-                # An experiment on this scratch database, restored at once: the claim as it
-                # would be without ROWS 1, the outer join to connections planned for the 1,000
-                # rows a set-returning function is assumed to return.
-                with connect(url) as conn:
-                    conn.execute(f"ALTER FUNCTION {CLAIM} ROWS 1000")
-                measure("  the same, claim_run_v3 at ROWS 1000", have)
-                with connect(url) as conn:
-                    conn.execute(f"ALTER FUNCTION {CLAIM} ROWS 1")
                 with connect(url) as conn:
                     exec_all(conn, NOT_DUE_UNDO)
                 for count in blocked_sizes:
