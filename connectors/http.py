@@ -81,8 +81,7 @@ class _Transient(Exception):
 
 
 class _BudgetSpent(RateLimited):
-    """A window the shared budget holds, too long to sleep out inside the job: recorded
-    already, so nothing reports it again."""
+    """A window the shared budget already holds, too long to sleep out inside the job."""
 
 
 class _Sink:
@@ -433,10 +432,8 @@ class HttpClient:
         )
         try:
             for attempt in retrying:
-                if attempt.retry_state.attempt_number > 1:
-                    # A window another job heard of while this one backed off holds the retry
-                    # too (the first try was checked by the caller).
-                    self._respect_budget()
+                if attempt.retry_state.attempt_number > 1:  # the caller checked the first
+                    self._respect_budget()  # a window heard of while this one backed off
                 with attempt, _request_span(method) as span:
                     response = self._send_once(
                         method, url, params, headers, json, data, follow_redirects, sink
