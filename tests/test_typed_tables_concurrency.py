@@ -11,7 +11,7 @@ import psycopg
 from psycopg import sql
 
 from sync import Engine
-from tests.conftest import DATABASE_URL, make_settings
+from tests.conftest import DATABASE_URL, DIRECT_URL, make_settings
 from tests.typed_support import dataset, sync_once
 
 PG_NAMES = {"timestamptz": "timestamp with time zone"}
@@ -74,7 +74,7 @@ def test_a_reader_never_sees_a_half_built_schema(schema: str) -> None:
 
         def read() -> None:
             try:
-                with psycopg.connect(DATABASE_URL, autocommit=True) as reader:
+                with psycopg.connect(DIRECT_URL, autocommit=True) as reader:
                     handshakes.acquire()  # the views exist once the first batch is written
                     while not stop.is_set():
                         # A prepared statement of columns that keep their type survives
