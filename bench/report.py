@@ -197,21 +197,11 @@ def resync_requests() -> str:
 
 
 def scale() -> str:
-    rows, history = [], ""
-    for r in result("scale")["results"]:
-        if not r["history"].startswith("the same"):
-            history = r["history"]
-        rows.append(
-            [
-                history,
-                # The churn's row names no claim: it times claim_run_v2, as the rows above it.
-                f"`{r.get('claim', 'claim_run_v2')}`",
-                num(r["p50_ms"], 3),
-                num(r["p95_ms"], 3),
-                r["buffers_per_claim"],
-            ]
-        )
-    return markdown(["queue", "claim", "p50 ms", "p95 ms", "buffers per claim"], rows)
+    rows = [
+        [r["history"], num(r["p50_ms"], 3), num(r["p95_ms"], 3), r["buffers_per_claim"]]
+        for r in result("scale")["results"]
+    ]
+    return markdown(["queue", "p50 ms", "p95 ms", "buffers per claim"], rows)
 
 
 def unserved() -> str:
