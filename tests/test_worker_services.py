@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from sync import Engine
+from sync.queues import queue_spec
 from sync.store.db import listen_url
 from sync.worker import Listener
 from sync.worker.services import FleetTask, ScheduleEnqueuer, Service
@@ -203,6 +204,29 @@ def test_a_service_runs_when_its_interval_has_passed_and_backs_off_while_it_fail
     now[0] += 30.0
     assert service.run_if_due() and service.run_if_due() is False  # back to its interval
     assert service.signals.ran.count == 3
+
+
+def test_every_service_of_a_worker_serving_queues_runs_once_per_interval(schema: str) -> None:
+    """Each of the worker's services, the queues' cron too, does its work once and then waits
+    its interval: asked again at once, it does nothing (a service that forgot when it ran would
+    query the database in a tight loop on its own thread)."""
+    settings = make_settings(schema, lanes="mail=1")
+    with Engine(settings, pool_size=4) as engine:
+        engine.migrate()
+        engine.queues.declare_queue(queue_spec("mail"))
+        engine.queues.register("mail", lambda job, abort: None)
+        worker = engine.worker(listen=False)
+        try:
+            names = {service.name for service in worker.services}
+            assert "queue cron" in names
+            for service in worker.services:
+                assert service.interval >= 1.0, service.name
+                ran = service.signals.ran.count
+                service.run_once()
+                assert not service.run_if_due(), service.name
+                assert service.signals.ran.count == ran + 1, service.name
+        finally:
+            worker.close()
 
 
 def test_a_failing_service_logs_counts_and_carries_on(

@@ -289,7 +289,7 @@ class QueueCron(Service[list[int]]):
         super().__init__(settings.queue_schedule_interval, settings.max_backoff)
         self._queues = queues
 
-    def run_once(self) -> list[int]:
+    def _run(self) -> list[int]:
         sent = self._queues.enqueue_due_schedules()
         if sent:
             log.info("cron sent job(s) %s", ", ".join(map(str, sent)))
