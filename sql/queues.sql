@@ -88,12 +88,12 @@ SELECT job_id, attempt, queue, started_at, finished_at, outcome, error
  ORDER BY seq NULLS LAST;
 
 -- name: claim_jobs
--- Invariants in claim_jobs_v4 (0004): one claim per job, a fencing token per attempt, an
+-- Invariants in claim_jobs_v5 (0005): one claim per job, a fencing token per attempt, an
 -- expired attempt taken back by a claim, priorities, and a queue's fleet-wide limits. The
 -- queue's retry terms come along, so the end of the attempt is decided with the declaration
 -- it ran under.
 SELECT c.*, q.retry_limit, q.retry_delay, q.retry_ceiling, q.expire
-  FROM claim_jobs_v4(%(queues)s::text[], %(limit)s, %(lease)s, %(now)s::timestamptz) c
+  FROM claim_jobs_v5(%(queues)s::text[], %(limit)s, %(lease)s, %(now)s::timestamptz) c
   JOIN job_queues q ON q.name = c.origin_queue;
 
 -- name: complete_attempt

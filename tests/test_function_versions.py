@@ -108,5 +108,5 @@ def test_the_docs_name_the_versions_this_release_calls() -> None:
     paragraph = text[start : text.index("\n\n", start)]
     named = set(re.findall(r"`(\w+_v\d+)`", paragraph))
     called = _called_by_this_release()
-    assert {"claim_run_v3", "worker_channel_v3", "claim_jobs_v4"} <= called
+    assert {"claim_run_v3", "worker_channel_v3", "claim_jobs_v5"} <= called
     assert named == called

@@ -49,10 +49,14 @@ def test_twenty_sender_processes_of_one_key_make_one_job_and_all_get_its_id(
     assert [job.id for job in engine.queues.list_jobs(queue="sources.sync")] == [ids[0]]
 
 
-HISTORY = """
+QUEUES = """
 INSERT INTO job_queues (name, policy, retry_limit, retry_delay, retry_ceiling, expire, retention)
 VALUES ('docs.ingest', 'standard', 2, 5, 300, 900, 604800),
        ('docs.other', 'standard', 2, 5, 300, 900, 604800);
+"""
+HISTORY = (
+    QUEUES
+    + """
 INSERT INTO jobs (queue, origin_queue, payload, status, run_after, created_at, finished_at,
                   attempts)
 SELECT 'docs.ingest', 'docs.ingest', '{}', (ARRAY['completed', 'dead', 'cancelled'])[1 + g % 3],
@@ -62,6 +66,7 @@ INSERT INTO jobs (queue, origin_queue, payload, status, run_after, created_at)
 SELECT 'docs.other', 'docs.other', '{}', 'queued', now() - interval '1 hour', now()
   FROM generate_series(1, 20000) g;
 """
+)
 # A backlog sent a moment ago, before any statistics know of it.
 BACKLOG = """
 INSERT INTO jobs (queue, origin_queue, payload, status, run_after, created_at)
