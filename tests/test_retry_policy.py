@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import psycopg.errors
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,6 +17,7 @@ from sync.base.abort import AbortReason
 from sync.ingestions.decisions import FAILED, after_failure
 from sync.jobs.outcome import Action, Backoff, database_error
 from sync.runs.decide import TableResult, Waiting, decide, merged, ordinal, table_status
+from sync.store.retry import RetryPolicy
 from sync.vocabulary import ErrorKind, JobError, RunStatus, TableStatus
 
 SCHEDULE = (5.0, 30.0, 120.0)
@@ -97,6 +100,45 @@ def test_transient_database_errors_are_retried_and_a_check_violation_is_not() ->
     )
     assert later.status == FAILED and later.error is not None
     assert later.error.kind is ErrorKind.RECORD
+
+
+def test_retries_count_attempts_and_repeat_a_lost_connection_only_if_idempotent() -> None:
+    waits: list[float] = []
+    policy = RetryPolicy(attempts=3, sleep=waits.append)
+
+    def failing(*errors: Exception) -> tuple[list[int], Callable[[], str]]:
+        calls: list[int] = []
+
+        def call() -> str:
+            calls.append(1)
+            if len(calls) <= len(errors):
+                raise errors[len(calls) - 1]
+            return "done"
+
+        return calls, call
+
+    deadlocks = [psycopg.errors.DeadlockDetected("deadlock detected")] * 5
+    calls, call = failing(*deadlocks)
+    with pytest.raises(psycopg.errors.DeadlockDetected):
+        policy.run(call)
+    assert len(calls) == 3 and len(waits) == 2  # three tries, a wait before each repeat
+
+    calls, call = failing(*deadlocks[:2])
+    assert policy.run(call) == "done" and len(calls) == 3
+
+    lost = psycopg.OperationalError("server closed the connection unexpectedly")
+    calls, call = failing(lost)
+    with pytest.raises(psycopg.OperationalError):
+        policy.run(call)
+    assert len(calls) == 1  # a claim that may have committed is never sent twice
+    calls, call = failing(lost, lost, lost, lost)
+    assert policy.run(call, idempotent=True) == "done" and len(calls) == 5
+
+    refused = psycopg.errors.CheckViolation("new row violates check constraint")
+    calls, call = failing(refused)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        policy.run(call, idempotent=True)
+    assert len(calls) == 1
 
 
 @given(r=unit)

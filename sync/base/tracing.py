@@ -29,6 +29,14 @@ class Open:
     token: Any
 
 
+def active() -> bool:
+    """Whether an application has set a tracer provider: until it does, every span is a no-op,
+    and a caller running many short attempts skips making one (and its attributes)."""
+    return not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    )
+
+
 def begin(name: str, attributes: Attributes) -> Open:
     span = tracer.start_span(name, attributes=dict(attributes))
     return Open(span, context.attach(trace.set_span_in_context(span)))

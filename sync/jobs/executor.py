@@ -80,15 +80,17 @@ class Executor:
             self._running.add(held.abort)
             if self._stopping is not None:
                 held.abort.trip(self._stopping)
-        span = tracing.begin(
-            f"connector_sync.{kind.name}",
-            {
-                **{f"connector_sync.{key}": value for key, value in labels.ids.items()},
-                "connector_sync.kind": kind.name,
-                "connector_sync.scope": labels.scope,
-                "connector_sync.worker_id": self._worker_id,
-            },
-        )
+        span = None
+        if tracing.active():
+            span = tracing.begin(
+                f"connector_sync.{kind.name}",
+                {
+                    **{f"connector_sync.{key}": value for key, value in labels.ids.items()},
+                    "connector_sync.kind": kind.name,
+                    "connector_sync.scope": labels.scope,
+                    "connector_sync.worker_id": self._worker_id,
+                },
+            )
         outcomes: Sequence[Outcome] = []
         try:
             handled = kind.handle(unit, handling)
@@ -106,7 +108,8 @@ class Executor:
             elapsed = time.monotonic() - held.began
             if self._metrics is not None:
                 self._metrics.attempt_ended(kind.name, labels.scope, outcomes, elapsed)
-            _end_span(span, outcomes)
+            if span is not None:
+                _end_span(span, outcomes)
 
     def running(self) -> list[AbortSignal]:
         """The abort signals of the attempts running here now."""
@@ -131,7 +134,7 @@ class Executor:
 _FAILED = frozenset({"failed", "dead", "requeue"})
 
 
-def _end_span(span: Any, outcomes: Sequence[Outcome]) -> None:
+def _end_span(span: tracing.Open, outcomes: Sequence[Outcome]) -> None:
     labels = [outcome_label(o) for o in outcomes]
     failed = [o for o in outcomes if outcome_label(o) in _FAILED]
     error = None

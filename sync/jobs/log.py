@@ -5,6 +5,7 @@ handlers)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -22,4 +23,9 @@ class JobLog(logging.LoggerAdapter[logging.Logger]):
 
 def job_log(kind: str, ids: Mapping[str, Any], worker_id: str) -> JobLog:
     """The log of one attempt of a unit of ``kind`` (its logger is ``sync.<kind>``)."""
-    return JobLog(logging.getLogger(f"sync.{kind}"), {**ids, "worker_id": worker_id})
+    return JobLog(_logger(kind), {**ids, "worker_id": worker_id})
+
+
+@functools.cache
+def _logger(kind: str) -> logging.Logger:
+    return logging.getLogger(f"sync.{kind}")

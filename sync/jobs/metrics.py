@@ -57,17 +57,28 @@ class WorkerMetrics:
             buckets=RUN_BUCKETS,
             registry=self.registry,
         )
+        # The labelled series already met, looked up without prometheus_client's lock and
+        # checks: a worker records one per job of thousands a second.
+        self._series: dict[tuple[Histogram, str, str, str], Histogram] = {}
 
     def claimed(self, kind: str, scope: str, found: int, seconds: float) -> None:
         result = "claimed" if found else "empty"
-        self.claim_seconds.labels(kind, scope, result).observe(seconds)
+        self._series_of(self.claim_seconds, kind, scope, result).observe(seconds)
 
     def attempt_ended(
         self, kind: str, scope: str, outcomes: Sequence[Outcome | None], seconds: float
     ) -> None:
         """An attempt ended: its duration, once per job it held (a batch's jobs share it)."""
         for outcome in outcomes or [None]:
-            self.attempt_seconds.labels(kind, scope, outcome_label(outcome)).observe(seconds)
+            label = outcome_label(outcome)
+            self._series_of(self.attempt_seconds, kind, scope, label).observe(seconds)
+
+    def _series_of(self, histogram: Histogram, kind: str, scope: str, label: str) -> Histogram:
+        key = (histogram, kind, scope, label)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series.setdefault(key, histogram.labels(kind, scope, label))
+        return series
 
     def watch(self, read: Callable[[], Iterator[CounterMetricFamily]]) -> None:
         """Export figures another object keeps (the lease keeper's losses), read at scrape
