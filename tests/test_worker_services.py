@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -362,3 +363,34 @@ def test_in_the_loop_a_finish_claims_the_next_run_in_the_same_round_trip(engine:
     back = engine.run(runs[2].id)
     assert back.status == "queued" and back.attempts == 0
     assert [a.outcome for a in engine.attempts(back.id)] == ["handed_back"]
+
+
+def test_polling_through_a_backlog_of_runs_looks_for_other_work_once_a_second(
+    engine: Engine,
+) -> None:
+    """A caller that polls (``worker --once``, tests) and runs a sync run at each poll does not
+    pay an empty claim of every other slot (ingestions here) at each run: while the main slot
+    runs units, the others look once per second; a poll that ran no run looks at once."""
+    key, _ = new_dataset(items=items(1))
+    ws = engine.create_workspace("acme")
+    runs = 20
+    connections = [
+        engine.create_connection(ws.id, f"mem{i}", "memory", config={"dataset": key})
+        for i in range(runs)
+    ]
+    for connection in connections:
+        engine.sync(connection.id)
+    worker = engine.worker(listen=False)
+    try:
+        ingestions = worker.slot("ingestion")
+        began = time.monotonic()
+        for _ in range(runs):
+            assert worker.poll()
+        elapsed = time.monotonic() - began
+        assert worker.runs_executed == runs
+        assert ingestions.claims <= 1 + int(elapsed), (ingestions.claims, elapsed)
+        before = ingestions.claims
+        assert not worker.poll()  # nothing left: every slot looks
+        assert ingestions.claims == before + 1
+    finally:
+        worker.close()

@@ -139,6 +139,7 @@ class Worker:
         self._executor = Executor(self._keeper, self.id, self.metrics)
         self._listener = self._make_listener(url) if listen else None
         self.stage_failures: dict[str, int] = {}
+        self._ran_main = False  # in the poll under way, the main slot ran a unit
         self.database_failures = 0  # consecutive polls in which the database failed
         with pool.connection() as conn:
             check_schema(conn, settings.schema_name)
@@ -182,7 +183,7 @@ class Worker:
             ("schedules", _inline(self.schedules)),
             ("providers", _inline(self.provider_loader)),
             *((MAIN_STAGE, _run_once(slot)) for slot in mains[:1]),
-            *((_stage_name(slot), _run_once(slot)) for slot in self._lanes),
+            *((_stage_name(slot), _run_once(slot, self._main_ran)) for slot in self._lanes),
             ("sweep", _inline(self.sweeper)),
             ("clean", _inline(self.cleaner)),
             *((service.name, _inline(service)) for service in self.services[5:]),
@@ -206,6 +207,9 @@ class Worker:
         for slot in self._lanes:
             if queue is None or slot.spec.wakes_on == queue or slot.spec.wakes_on is None:
                 slot.wake()
+
+    def _main_ran(self) -> bool:
+        return self._ran_main
 
     def _listening(self) -> bool:
         listener = self._listener
@@ -231,9 +235,12 @@ class Worker:
         self._keeper.start()
         executed = False
         database_down = False
+        self._ran_main = False
         for name, stage in self._stages:
             try:
-                executed = stage() or executed
+                ran = stage()
+                executed = ran or executed
+                self._ran_main = self._ran_main or (ran and name == MAIN_STAGE)
             except Exception as exc:
                 self.stage_failures[name] = self.stage_failures.get(name, 0) + 1
                 if isinstance(exc, psycopg.OperationalError | PoolTimeout):
@@ -416,13 +423,14 @@ def _stage_name(slot: Slot) -> str:
     return f"{slot.kind.name}:{scope}" if scope else slot.kind.name
 
 
-def _run_once(slot: Slot) -> Callable[[], bool]:
-    """A poll stage that runs one unit of ``slot`` when no thread of its own runs it."""
+def _run_once(slot: Slot, busy: Callable[[], bool] = lambda: False) -> Callable[[], bool]:
+    """A poll stage that runs one unit of ``slot`` when no thread of its own runs it; ``busy``:
+    whether the main slot ran a unit in this poll."""
 
     def stage() -> bool:
         if slot.started:
             return False
-        return slot.run_once()
+        return slot.run_once(busy=busy())
 
     return stage
 

@@ -35,6 +35,10 @@ log = logging.getLogger("sync.slots")
 # anyway (the pool's own timeout).
 RETRY_AFTER = 0.5
 
+# Seconds between a lane slot's claims in polls whose main slot ran a unit: a caller polling
+# through a backlog of sync runs pays no claim of an empty ingestion or queue at each run.
+LOOK_WHILE_BUSY = 1.0
+
 
 @dataclass(eq=False)
 class _Claimed:
@@ -72,6 +76,7 @@ class Slot:
         self.units_run = 0
         self.failures = 0  # claims that failed, and units whose run raised
         self.claimed = TestSignal()  # emitted after each claim round trip
+        self._last_look = float("-inf")  # time.monotonic() of run_once's last claim
 
     @property
     def started(self) -> bool:
@@ -111,10 +116,16 @@ class Slot:
             self._hand_back(self._claimed.popleft())
         self.kind.stop()
 
-    def run_once(self) -> bool:
-        """Claim one unit and run it in this thread; True if there was one."""
+    def run_once(self, *, busy: bool = False) -> bool:
+        """Claim one unit and run it in this thread; True if there was one. ``busy``: the
+        worker's main slot ran a unit in this poll; then claim at most once per
+        ``LOOK_WHILE_BUSY`` seconds."""
         if self._stopping.is_set():
             return False
+        now = time.monotonic()
+        if busy and now - self._last_look < LOOK_WHILE_BUSY:
+            return False
+        self._last_look = now
         claimed = self._claim(1, raising=True)
         for extra in claimed[1:]:
             self._hand_back(extra)
