@@ -71,12 +71,18 @@ class Slot:
         self._running = 0
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
-        self.running: list[Any] = []  # the units running now
+        self._running_now: set[_Claimed] = set()  # by identity: units compare by value
         self.claims = 0  # claim round trips
         self.units_run = 0
         self.failures = 0  # claims that failed, and units whose run raised
         self.claimed = TestSignal()  # emitted after each claim round trip
         self._last_look = float("-inf")  # time.monotonic() of run_once's last claim
+
+    @property
+    def running(self) -> list[Any]:
+        """The units running now."""
+        with self._cond:
+            return [claimed.unit for claimed in self._running_now]
 
     @property
     def started(self) -> bool:
@@ -210,14 +216,14 @@ class Slot:
             return
         with self._cond:
             self._running += 1
-            self.running.append(claimed.unit)
+            self._running_now.add(claimed)
         try:
             self._executor.run(self.kind, claimed.unit, claimed.held)
             self.units_run += 1
         finally:
             with self._cond:
                 self._running -= 1
-                self.running.remove(claimed.unit)
+                self._running_now.discard(claimed)
 
     def _hand_back(self, claimed: _Claimed) -> None:
         self._executor.release(claimed.held)
