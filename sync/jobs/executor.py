@@ -56,16 +56,13 @@ class Executor:
         holds = kind.holds(unit)
         watches = []
         if kind.lease_kind is not None:
-            watches = [
-                self._keeper.watch(h.lease, h.abort, kind=kind.lease_kind, terms=h.terms)
-                for h in holds
-            ]
+            leases = [(h.lease, h.abort, h.terms) for h in holds]
+            watches = self._keeper.watch_all(leases, kind=kind.lease_kind)
         abort = holds[0].abort if holds else AbortSignal()
         return Held(abort, watches, time.monotonic())
 
     def release(self, held: Held) -> None:
-        for watch in held.watches:
-            self._keeper.release(watch)
+        self._keeper.release_all(held.watches)
 
     def run(self, kind: Kind[Any, Any], unit: Any, held: Held | None = None) -> list[Outcome]:
         """One attempt at ``unit``: handle, decide, apply; its leases released at the end. The

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -179,8 +179,32 @@ class LeaseKeeper:
     ) -> Watch:
         """Hold ``lease`` from now on (its claim has just set it to ``terms.lease_seconds``)."""
         terms = terms or Terms.of_runs(self._settings)
+        watch = self._watch(lease, abort, kind, terms, time.monotonic(), on_control, logger)
+        self._add([watch])
+        return watch
+
+    def watch_all(
+        self, leases: Sequence[tuple[Lease, AbortSignal, Terms]], *, kind: LeaseKind
+    ) -> list[Watch]:
+        """Hold the leases a claim has just taken (a batch's jobs), added under one lock."""
         now = time.monotonic()
-        watch = Watch(
+        watches = [
+            self._watch(lease, abort, kind, terms, now, None, log) for lease, abort, terms in leases
+        ]
+        self._add(watches)
+        return watches
+
+    def _watch(
+        self,
+        lease: Lease,
+        abort: AbortSignal,
+        kind: LeaseKind,
+        terms: Terms,
+        now: float,
+        on_control: Callable[[Control], object] | None,
+        logger: logging.LoggerAdapter[logging.Logger] | logging.Logger,
+    ) -> Watch:
+        return Watch(
             kind=kind,
             lease=lease,
             abort=abort,
@@ -192,18 +216,25 @@ class LeaseKeeper:
             on_control=on_control,
             log=logger,
         )
+
+    def _add(self, watches: list[Watch]) -> None:
+        if not watches:
+            return
+        first_due = min(watch.due for watch in watches)
         with self._cond:
-            self._watches.add(watch)
-            # Wake the thread only if it sleeps past this lease's first tick: many short
+            self._watches.update(watches)
+            # Wake the thread only if it sleeps past these leases' first tick: many short
             # leases (a worker's lanes) must not wake it once each.
-            if watch.due < self._wakes_at:
+            if first_due < self._wakes_at:
                 self._cond.notify_all()
-        return watch
 
     def release(self, watch: Watch) -> None:
-        # No wake-up: the thread finds the lease gone at its next tick.
+        self.release_all([watch])
+
+    def release_all(self, watches: Sequence[Watch]) -> None:
+        # No wake-up: the thread finds the leases gone at its next tick.
         with self._cond:
-            self._watches.discard(watch)
+            self._watches.difference_update(watches)
 
     # -- the thread ------------------------------------------------------------------------
 

@@ -220,11 +220,14 @@ class QueueJobs(Kind[Unit, str | None]):
             self._held += count
 
     def holds(self, unit: Unit) -> Sequence[Hold]:
+        terms: dict[float, Terms] = {}  # by expiry: a batch's jobs share their queue's
         holds = []
         for job in unit:
-            lease = min(self.queues.lease, job.spec.expire)
-            terms = Terms(lease, self._settings.control_interval, job.spec.expire)
-            holds.append(Hold(Lease(job.job.id, job.lease_owner), terms, job.signal))
+            expire = job.spec.expire
+            if expire not in terms:
+                lease = min(self.queues.lease, expire)
+                terms[expire] = Terms(lease, self._settings.control_interval, expire)
+            holds.append(Hold(Lease(job.job.id, job.lease_owner), terms[expire], job.signal))
         return holds
 
     def labels(self, unit: Unit) -> Labels:
