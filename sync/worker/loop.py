@@ -183,7 +183,7 @@ class Worker:
             ("schedules", _inline(self.schedules)),
             ("providers", _inline(self.provider_loader)),
             *((MAIN_STAGE, _run_once(slot)) for slot in mains[:1]),
-            *((_stage_name(slot), _run_once(slot, self._main_ran)) for slot in self._lanes),
+            *((_stage_name(slot), _run_once(slot, lambda: self._ran_main)) for slot in self._lanes),
             ("sweep", _inline(self.sweeper)),
             ("clean", _inline(self.cleaner)),
             *((service.name, _inline(service)) for service in self.services[5:]),
@@ -207,9 +207,6 @@ class Worker:
         for slot in self._lanes:
             if queue is None or slot.spec.wakes_on == queue or slot.spec.wakes_on is None:
                 slot.wake()
-
-    def _main_ran(self) -> bool:
-        return self._ran_main
 
     def _listening(self) -> bool:
         listener = self._listener
