@@ -56,8 +56,11 @@ def simulated() -> Iterator[tuple[str, Simulation]]:
 
 def run_main(
     capsys: pytest.CaptureFixture[str], *args: str
-) -> tuple[int, str]:  # the exit code and stdout of a command that needs no database
-    with pytest.raises(SystemExit) as exited:
+) -> tuple[int, str]:  # the exit code and stdout of a command, in this process
+    # On the test database: without DATABASE_URL the command would start the embedded
+    # Postgres in the user's own data directory.
+    with pytest.MonkeyPatch.context() as env, pytest.raises(SystemExit) as exited:
+        env.setenv("DATABASE_URL", DATABASE_URL)
         main(list(args))
     code = exited.value.code
     return (code if isinstance(code, int) else 0), capsys.readouterr().out
