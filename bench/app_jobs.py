@@ -24,7 +24,6 @@ from bench.common import Marks, settings_for
 from sync.queues import Abort, Job, Queues, queue_spec
 
 QUEUE = "bench.noop"
-_done = threading.Semaphore(0)
 _record_starts = False
 _queues: Queues | None = None
 # --global-concurrency: the queue's fleet-wide limit (None: none), declared at the worker's start.
@@ -43,14 +42,11 @@ def handle(job: Job, abort: Abort) -> None:
         print(f"START {time.time()}", flush=True)
     _marks.started()
     _marks.ended()
-    _done.release()
 
 
 def handle_batch(jobs: list[Job], abort: Abort) -> None:
     _marks.started()
     _marks.ended(len(jobs))
-    for _ in jobs:
-        _done.release()
 
 
 def setup(queues: Queues) -> None:
@@ -71,7 +67,7 @@ def _batch_size() -> int:
 
 def main() -> None:
     # The worker loads this module by name (--app bench.app_jobs:setup), a module apart from
-    # the one `python -m` runs as __main__: count on that one's semaphore.
+    # the one `python -m` runs as __main__: count on that one's marks.
     from bench import app_jobs
 
     parser = argparse.ArgumentParser()
@@ -103,12 +99,12 @@ def main() -> None:
             os.environ["BENCH_BATCH_SIZE"] = str(args.batch)
             app = "bench.app_jobs:setup_batch"
         worker = engine.worker(listen=False, apps=[app])
+        app_jobs._marks.target = args.jobs
         print("READY", flush=True)
         sys.stdin.readline()
         thread = threading.Thread(target=worker.run, kwargs={"install_signals": False}, daemon=True)
         thread.start()
-        for _ in range(args.jobs):
-            app_jobs._done.acquire()
+        app_jobs._marks.done.wait()
         worker.stop()
         thread.join(timeout=60)
     app_jobs._marks.report()

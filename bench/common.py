@@ -148,6 +148,8 @@ class Marks:
         self.count = 0
         self.first = 0.0
         self.last = 0.0
+        self.target = 0  # with a target, ``done`` is set once that many jobs have ended
+        self.done = threading.Event()
 
     def started(self) -> None:
         with self._lock:
@@ -158,6 +160,8 @@ class Marks:
         with self._lock:
             self.count += jobs
             self.last = time.time()
+            if self.target and self.count >= self.target:
+                self.done.set()
 
     def report(self, **extra: Any) -> None:
         line = {"count": self.count, "first": self.first, "last": self.last, **extra}

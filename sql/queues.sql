@@ -91,8 +91,12 @@ SELECT job_id, attempt, queue, started_at, finished_at, outcome, error
 -- Invariants in claim_jobs_v5 (0005): one claim per job, a fencing token per attempt, an
 -- expired attempt taken back by a claim, priorities, and a queue's fleet-wide limits. The
 -- queue's retry terms come along, so the end of the attempt is decided with the declaration
--- it ran under.
-SELECT c.*, q.retry_limit, q.retry_delay, q.retry_ceiling, q.expire
+-- it ran under. Only the columns a claimed job is made of: a batch handler's claim returns
+-- a hundred rows, and each column is parsed in the worker.
+SELECT c.id, c.queue, c.origin_queue, c.payload, c.key, c.status, c.attempts, c.run_after,
+       c.created_at, c.started_at, c.finished_at, c.expires_at, c.error, c.tick,
+       c.processed_units, c.total_units, c.priority, c.lease_owner,
+       q.retry_limit, q.retry_delay, q.retry_ceiling, q.expire
   FROM claim_jobs_v5(%(queues)s::text[], %(limit)s, %(lease)s, %(now)s::timestamptz) c
   JOIN job_queues q ON q.name = c.origin_queue;
 
@@ -115,7 +119,7 @@ RETURNING job_id;
 -- Many handlers returned: each job completed in one statement (a worker's lanes batch their
 -- completions). Fenced per job like complete_attempt; the ids of the jobs it completed.
 WITH ended (id, lease_owner) AS (
-    SELECT * FROM unnest(%(job_ids)s::bigint[], %(lease_owners)s::uuid[])
+    SELECT * FROM unnest(%(job_ids)b::bigint[], %(lease_owners)b::uuid[])
 ), done AS (
     UPDATE jobs j
        SET status = 'completed', finished_at = coalesce(%(now)s, now()), expires_at = NULL,
@@ -205,7 +209,7 @@ SELECT status, lease_owner = %(lease_owner)s AS ours FROM jobs WHERE id = %(job_
 -- clock and before its deadline. The attempts renewed come back; one missing is lost.
 UPDATE jobs j
    SET expires_at = least(now() + make_interval(secs => h.seconds), j.deadline_at)
-  FROM unnest(%(job_ids)s::bigint[], %(lease_owners)s::uuid[], %(seconds)s::float8[])
+  FROM unnest(%(job_ids)b::bigint[], %(lease_owners)b::uuid[], %(seconds)b::float8[])
        AS h(id, owner, seconds)
  WHERE job_fence_v1(j, h.id, h.owner, NULL) AND j.deadline_at > now()
 RETURNING j.id, j.lease_owner;
@@ -214,7 +218,7 @@ RETURNING j.id, j.lease_owner;
 -- read_job_control for many attempts in one statement; an attempt whose job is gone comes
 -- back with no status (lost).
 SELECT h.id, h.owner, j.status, j.lease_owner = h.owner AS ours
-  FROM unnest(%(job_ids)s::bigint[], %(lease_owners)s::uuid[]) AS h(id, owner)
+  FROM unnest(%(job_ids)b::bigint[], %(lease_owners)b::uuid[]) AS h(id, owner)
   LEFT JOIN jobs j ON j.id = h.id;
 
 -- name: cancel_job

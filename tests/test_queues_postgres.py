@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import re
 from typing import Any
 
 import pytest
@@ -16,9 +15,9 @@ from sync.queues import QueuePolicy, queue_spec
 from sync.store.queries import parse
 from sync.store.sqlfiles import sql_dir
 from tests.plans import explained, nodes
+from tests.test_queries import _PLACEHOLDER
 
 SENDERS = 20
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
 def _send(settings: Settings, barrier: Any, results: Any) -> None:

@@ -21,6 +21,7 @@ from sync.jobs.lease import LeaseKeeper
 from sync.jobs.metrics import MetricsServer, WorkerMetrics
 from sync.queues import Job, JobStatus, queue_spec
 from sync.queues.postgres import PostgresQueues
+from sync.queues.retries import COMPLETE, DEAD
 from sync.store.db import connect
 from sync.testing import run_sync
 from tests.conftest import make_settings
@@ -203,3 +204,24 @@ def test_lanes_time_their_claims_and_each_jobs_attempt(engine: Engine) -> None:
         v for (n, labels), v in samples.items() if n == claims and ("scope", "mail") in labels
     )
     assert found == lanes.claims
+
+
+def test_an_attempt_is_counted_once_per_job_in_the_bucket_of_its_duration() -> None:
+    """A batch's attempt is one observation per job it held, each in the first bucket whose
+    bound is at or above its duration, as a Prometheus histogram counts."""
+    metrics = WorkerMetrics()
+    metrics.attempt_ended("job", "mail", [COMPLETE, COMPLETE, DEAD], 0.5)
+    metrics.attempt_ended("job", "mail", [COMPLETE], 4.0)
+    metrics.attempt_ended("job", "mail", [], 0.05)  # the attempt raised
+    samples = parse(generate_latest(metrics.registry).decode())
+    bucket = "connector_sync_worker_attempt_seconds_bucket"
+    completed = {"kind": "job", "scope": "mail", "outcome": "completed"}
+    by_bound = {le: of(samples, bucket, **completed, le=le) for le in ("0.1", "0.5", "1.0", "5.0")}
+    assert by_bound == {"0.1": 0, "0.5": 2, "1.0": 2, "5.0": 3}
+    assert of(samples, bucket, **completed, le="+Inf") == 3
+    assert of(samples, "connector_sync_worker_attempt_seconds_count", **completed) == 3
+    assert of(samples, "connector_sync_worker_attempt_seconds_sum", **completed) == 5.0
+    dead = {"kind": "job", "scope": "mail", "outcome": "dead"}
+    assert of(samples, "connector_sync_worker_attempt_seconds_count", **dead) == 1
+    error = {"kind": "job", "scope": "mail", "outcome": "error"}
+    assert of(samples, bucket, **error, le="0.1") == 1

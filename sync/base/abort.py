@@ -30,16 +30,22 @@ _STRENGTH = {
 
 
 class AbortSignal:
+    """Tripped once, with the strongest reason given. Its event is made by the first
+    :meth:`wait`: most signals (a short job's) are only ever read, and an event costs more to
+    make than the rest of the signal."""
+
     def __init__(self) -> None:
-        self._event = threading.Event()
         self._lock = threading.Lock()
+        self._event: threading.Event | None = None
         self._reason: AbortReason | None = None
 
     def trip(self, reason: AbortReason) -> None:
         with self._lock:
             if self._reason is None or _STRENGTH[reason] > _STRENGTH[self._reason]:
                 self._reason = reason
-        self._event.set()
+            event = self._event
+        if event is not None:
+            event.set()
 
     @property
     def reason(self) -> AbortReason | None:
@@ -47,13 +53,19 @@ class AbortSignal:
 
     @property
     def is_set(self) -> bool:
-        return self._event.is_set()
+        return self._reason is not None
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds``; True if the signal tripped meanwhile."""
-        return self._event.wait(max(seconds, 0))
+        with self._lock:
+            if self._reason is not None:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(max(seconds, 0))
 
     def check(self) -> None:
         """Raise :class:`Aborted` if the signal has tripped."""
-        if self._event.is_set():
+        if self._reason is not None:
             raise Aborted(str(self._reason))

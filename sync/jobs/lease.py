@@ -75,7 +75,7 @@ class Terms:
         return cls(settings.lease_seconds, settings.control_interval, settings.run_timeout_seconds)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Watch:
     """One lease the keeper holds, from ``watch()`` until ``release()``."""
 

@@ -13,12 +13,15 @@ database, at the operator page's ``/metrics``.
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from sync.jobs.outcome import Outcome
 
@@ -40,50 +43,84 @@ class WorkerMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.claim_seconds = Histogram(
+        self.claim_seconds = Durations(
             f"{PREFIX}_claim_seconds",
             "How long a claim took, by kind of work (run, job, ingestion), scope (an "
             "application job's queue) and whether it found work",
-            ["kind", "scope", "result"],
-            buckets=CLAIM_BUCKETS,
-            registry=self.registry,
+            ("kind", "scope", "result"),
+            CLAIM_BUCKETS,
         )
-        self.attempt_seconds = Histogram(
+        self.attempt_seconds = Durations(
             f"{PREFIX}_attempt_seconds",
             "How long an attempt took, from its claim to its end, by kind of work (run, job, "
             "ingestion), scope (a run's or an ingestion's provider, a job's queue) and how it "
             "ended (the status it finished with, requeue, wait, hand_back, stop, error)",
-            ["kind", "scope", "outcome"],
-            buckets=RUN_BUCKETS,
-            registry=self.registry,
+            ("kind", "scope", "outcome"),
+            RUN_BUCKETS,
         )
-        # The labelled series already met, looked up without prometheus_client's lock and
-        # checks: a worker records one per job of thousands a second.
-        self._series: dict[tuple[Histogram, str, str, str], Histogram] = {}
+        self.registry.register(self.claim_seconds)
+        self.registry.register(self.attempt_seconds)
 
     def claimed(self, kind: str, scope: str, found: int, seconds: float) -> None:
         result = "claimed" if found else "empty"
-        self._series_of(self.claim_seconds, kind, scope, result).observe(seconds)
+        self.claim_seconds.observe((kind, scope, result), seconds)
 
     def attempt_ended(
         self, kind: str, scope: str, outcomes: Sequence[Outcome | None], seconds: float
     ) -> None:
         """An attempt ended: its duration, once per job it held (a batch's jobs share it)."""
-        for outcome in outcomes or [None]:
-            label = outcome_label(outcome)
-            self._series_of(self.attempt_seconds, kind, scope, label).observe(seconds)
-
-    def _series_of(self, histogram: Histogram, kind: str, scope: str, label: str) -> Histogram:
-        key = (histogram, kind, scope, label)
-        series = self._series.get(key)
-        if series is None:
-            series = self._series.setdefault(key, histogram.labels(kind, scope, label))
-        return series
+        if len(outcomes) <= 1:  # one job, or none when the attempt raised
+            label = outcome_label(outcomes[0] if outcomes else None)
+            self.attempt_seconds.observe((kind, scope, label), seconds)
+            return
+        ended = Counter(outcome_label(outcome) for outcome in outcomes)
+        for label, jobs in ended.items():
+            self.attempt_seconds.observe((kind, scope, label), seconds, jobs)
 
     def watch(self, read: Callable[[], Iterator[CounterMetricFamily]]) -> None:
         """Export figures another object keeps (the lease keeper's losses), read at scrape
         time."""
         self.registry.register(_Reading(read))
+
+
+class Durations(Collector):
+    """A histogram of durations by labels, kept here and read at scrape time. A batch's
+    attempt is one observation per job, taken at once under one lock: prometheus_client's
+    Histogram takes a lock per observation and per bucket, a cost a worker of thousands of
+    jobs a second feels."""
+
+    def __init__(
+        self, name: str, documentation: str, labels: tuple[str, ...], buckets: Sequence[float]
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labels = labels
+        self._bounds = list(buckets)
+        self._les = [*map(floatToGoString, buckets), "+Inf"]
+        self._lock = threading.Lock()
+        # Per label values: the count of each bucket (the last one +Inf), then the sum.
+        self._series: dict[tuple[str, ...], list[float]] = {}
+
+    def observe(self, labels: tuple[str, ...], seconds: float, count: int = 1) -> None:
+        bucket = bisect_left(self._bounds, seconds)  # the first bound at or above: its "le"
+        with self._lock:
+            series = self._series.get(labels)
+            if series is None:
+                series = self._series[labels] = [0.0] * (len(self._les) + 1)
+            series[bucket] += count
+            series[-1] += seconds * count
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self._name, self._documentation, labels=self._labels)
+        with self._lock:
+            series = sorted((labels, list(values)) for labels, values in self._series.items())
+        for labels, values in series:
+            cumulative, buckets = 0.0, []
+            for le, count in zip(self._les, values, strict=False):
+                cumulative += count
+                buckets.append((le, cumulative))
+            family.add_metric(list(labels), buckets, values[-1])
+        yield family
 
 
 class _Reading(Collector):

@@ -54,7 +54,7 @@ from sync.queues.registry import HandlerRegistry, Registration
 from sync.queues.retries import fate_after
 from sync.queues.running import AttemptHandle, RunningJob
 from sync.queues.sending import Outgoing, no_queue, not_a_connection, outgoing, sent_ids
-from sync.queues.store import ClaimedJob, JobStore, QueueChanges
+from sync.queues.store import JobStore, QueueChanges
 from sync.store.db import Pool
 
 log = logging.getLogger("sync.queues")
@@ -346,19 +346,22 @@ class PostgresQueues(Queues, JobRunner):
                 self._call_hook(registration, claimed.job)
                 continue
             assert registration is not None, "claimed a job of a queue without a handler"
-            attempts.append(self._started(claimed, registration, shared))
+            signal = shared or AbortSignal()
+            job, owner = claimed.job, claimed.lease_owner
+            attempts.append(RunningJob(job, owner, claimed.spec, registration, signal))
+        self._started(attempts)
         return attempts, len(claimed_rows)
 
-    def _started(
-        self, claimed: ClaimedJob, registration: Registration, signal: AbortSignal | None = None
-    ) -> RunningJob:
-        signal = signal or AbortSignal()
+    def _started(self, attempts: list[RunningJob]) -> None:
+        """Attempts a claim started in this process, from now on tripped by a claim that takes
+        their jobs back; an attempt this process ran of the same job is stale, and trips now."""
         with self._local_lock:
-            stale = self._local.get(claimed.job.id)
-            self._local[claimed.job.id] = (claimed.lease_owner, signal)
-        if stale is not None:  # this process ran the attempt the claim took back
-            stale[1].trip(AbortReason.LEASE_LOST)
-        return RunningJob(claimed.job, claimed.lease_owner, claimed.spec, registration, signal)
+            stale = [self._local.get(attempt.job.id) for attempt in attempts]
+            for attempt in attempts:
+                self._local[attempt.job.id] = (attempt.lease_owner, attempt.signal)
+        for held in stale:
+            if held is not None:
+                held[1].trip(AbortReason.LEASE_LOST)
 
     def execute(
         self, attempt: RunningJob, *, complete_later: Callable[[RunningJob], object] | None = None
