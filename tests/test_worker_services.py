@@ -6,6 +6,7 @@ the services' signals."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -394,3 +395,26 @@ def test_polling_through_a_backlog_of_runs_looks_for_other_work_once_a_second(
         assert ingestions.claims == before + 1
     finally:
         worker.close()
+
+
+def test_what_is_alive_when_a_worker_starts_is_left_out_of_full_collections(
+    engine: Engine,
+) -> None:
+    """A worker's process keeps its libraries for its whole life: a full collection of the
+    cyclic garbage collector that walked all of them stopped every lane meanwhile. What is
+    alive when the worker starts is out of the collector's reach; what comes after is not."""
+    before: list[object] = [[], "alive when the worker starts"]
+    worker = engine.worker(listen=False)
+    scans = worker.schedules.signals.ran
+    loop = threading.Thread(target=worker.run, kwargs={"install_signals": False})
+    loop.start()
+    try:
+        assert scans.wait_for(1)
+        after: list[object] = [[], "made while it runs"]
+        walked = {id(o) for o in gc.get_objects()}
+        assert id(before) not in walked
+        assert id(after) in walked
+    finally:
+        worker.stop()
+        loop.join(30)
+        gc.unfreeze()

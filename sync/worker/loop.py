@@ -20,6 +20,7 @@ syncs of those providers; a second live worker with the same id is refused.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import os
 import signal
@@ -263,6 +264,11 @@ class Worker:
         self._running = True
         self._closed = False
         if not once:
+            # What is alive now (the libraries, the application's handlers, the settings)
+            # lives as long as the process. Frozen, it is out of the cyclic collector's reach:
+            # a full collection walks what came after, where it walked every object of the
+            # imported libraries with every lane stopped (about 55 ms in a worker of 32 lanes).
+            gc.freeze()
             if self._listener is not None:
                 self._listener.start()
             for service in self.services:
