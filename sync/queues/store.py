@@ -260,7 +260,7 @@ class JobStore(PooledStore):
         self, queues: list[str], limit: int, lease: float, now: datetime | None
     ) -> list[ClaimedJob]:
         params = {"queues": queues, "limit": limit, "lease": lease, "now": now}
-        # Binary results: a batch's timestamps and payloads parse in about a fifth less time.
+        # Binary results: a batch's timestamps and uuids parse faster than from text.
         rows = self._on_pool(
             lambda c: c.execute(QUEUE_QUERIES.claim_jobs, params, binary=True).fetchall()
         )

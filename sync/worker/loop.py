@@ -266,8 +266,8 @@ class Worker:
         if not once:
             # What is alive now (the libraries, the application's handlers, the settings)
             # lives as long as the process. Frozen, it is out of the cyclic collector's reach:
-            # a full collection walks what came after, where it walked every object of the
-            # imported libraries with every lane stopped (about 55 ms in a worker of 32 lanes).
+            # a full collection walks what came after, not every object of the imported
+            # libraries while every lane waits for it.
             gc.freeze()
             if self._listener is not None:
                 self._listener.start()
