@@ -68,7 +68,6 @@ class Slot:
         self._claimed: deque[_Claimed] = deque()  # claimed, not started yet
         self._poller = False  # an idle lane is claiming or waiting for work
         self._woken = False  # a wake-up came while the poller waited
-        self._running = 0
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._running_now: set[_Claimed] = set()  # by identity: units compare by value
@@ -173,7 +172,7 @@ class Slot:
             lanes = self.spec.lanes
             limit = 1
             if self.spec.claims_ahead and lanes > 1:
-                limit = max(lanes - self._running + lanes - len(self._claimed), 1)
+                limit = max(lanes - len(self._running_now) + lanes - len(self._claimed), 1)
             self._woken = False
         claimed = self._claim(limit)
         with self._cond:
@@ -215,14 +214,12 @@ class Slot:
             self._hand_back(claimed)
             return
         with self._cond:
-            self._running += 1
             self._running_now.add(claimed)
         try:
             self._executor.run(self.kind, claimed.unit, claimed.held)
             self.units_run += 1
         finally:
             with self._cond:
-                self._running -= 1
                 self._running_now.discard(claimed)
 
     def _hand_back(self, claimed: _Claimed) -> None:
