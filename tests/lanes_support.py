@@ -38,9 +38,9 @@ class Lanes:
             metrics=metrics,
             queues=queues,
         )
-        executor = Executor(keeper, parts.worker_id, metrics)
+        self.executor = Executor(keeper, parts.worker_id, metrics)
         self.slots = [
-            Slot(spec, executor, poll_interval=settings.poll_interval, metrics=metrics)
+            Slot(spec, self.executor, poll_interval=settings.poll_interval, metrics=metrics)
             for spec in slots(parts)
         ]
         self.services = [s for slot in self.slots for s in slot.spec.services]

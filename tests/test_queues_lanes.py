@@ -258,6 +258,107 @@ def test_lanes_of_a_batch_handler_each_claim_and_complete_a_batch_in_one_stateme
     assert lanes.units_run == 2  # a batch each
 
 
+class Batches:
+    """A batch handler whose calls block until released, one by one, or until the worker stops
+    (then it raises, as a handler that stopped early should); it keeps the most calls ever
+    running at once."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+        self.released = 0
+        self.running = 0
+        self.most = 0
+        self.cond = threading.Condition()
+
+    def __call__(self, jobs: list[Job], abort: Abort) -> None:
+        with self.cond:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.calls.append([job.id for job in jobs])
+            number = len(self.calls)
+            self.cond.notify_all()
+        try:
+            with self.cond:
+                released = self.cond.wait_for(lambda: self.released >= number or abort.is_set, WAIT)
+            if abort.is_set or not released:
+                raise RuntimeError("stopped before the batch was done")
+        finally:
+            with self.cond:
+                self.running -= 1
+
+    def wait_calls(self, count: int) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.calls) >= count, WAIT), self.calls
+
+    def release(self, count: int) -> None:
+        with self.cond:
+            self.released = count
+            self.cond.notify_all()
+
+    def look_again(self) -> None:
+        """The abort signals may have changed: the calls waiting read them again."""
+        with self.cond:
+            self.cond.notify_all()
+
+
+def _statuses(admin: Any) -> dict[str, int]:
+    rows = admin.execute("SELECT status, count(*) AS n FROM jobs GROUP BY status").fetchall()
+    return {r["status"]: r["n"] for r in rows}
+
+
+def test_one_lane_of_a_batch_handler_has_the_next_batch_claimed_while_one_runs(
+    engine: Engine, keeper: tuple[LeaseKeeper, Ticks], admin: Any
+) -> None:
+    """The lane starts the next batch as its handler returns, without waiting for a claim: the
+    batch is claimed (and held) while the one before runs. Still one batch at a time."""
+    queues = PostgresQueues(engine.pool)
+    queues.declare_queue(queue_spec("docs.embed"))
+    handler = Batches()
+    queues.register_batch("docs.embed", handler, size=4)
+    ids = [queues.send("docs.embed", {"doc": n}) for n in range(12)]
+    lanes = Lanes(queues, {"docs.embed": 1}, keeper[0], engine.settings)
+    lanes.start()
+    try:
+        handler.wait_calls(1)
+        assert lanes.wait_for_claims(2, WAIT), "no claim while the first batch ran"
+        assert _statuses(admin) == {"active": 8, "queued": 4}
+        assert len(handler.calls) == 1  # the claimed batch waits for the lane
+        handler.release(1)
+        handler.wait_calls(2)
+        handler.release(3)
+        until(
+            lambda: all(queues.get_job(i).status is JobStatus.COMPLETED for i in ids),
+            lanes.completions.flushed,
+        )
+    finally:
+        handler.release(len(ids))
+        lanes.stop()
+    assert handler.most == 1
+    assert [i for call in handler.calls for i in call] == ids
+
+
+def test_a_stopping_worker_hands_back_the_batch_claimed_ahead_without_spending_an_attempt(
+    engine: Engine, keeper: tuple[LeaseKeeper, Ticks], admin: Any
+) -> None:
+    queues = PostgresQueues(engine.pool)
+    queues.declare_queue(queue_spec("docs.embed"))
+    handler = Batches()
+    queues.register_batch("docs.embed", handler, size=4)
+    ids = [queues.send("docs.embed", {"doc": n}) for n in range(8)]
+    lanes = Lanes(queues, {"docs.embed": 1}, keeper[0], engine.settings)
+    lanes.start()
+    try:
+        handler.wait_calls(1)
+        assert lanes.wait_for_claims(2, WAIT), "no claim while the first batch ran"
+        lanes.executor.stop()  # as the worker does first when it stops
+        handler.look_again()
+    finally:
+        lanes.stop()
+    assert len(handler.calls) == 1
+    rows = admin.execute("SELECT id, status, attempts FROM jobs ORDER BY id").fetchall()
+    assert [(r["id"], r["status"], r["attempts"]) for r in rows] == [(i, "queued", 0) for i in ids]
+
+
 def _spawn(schema: str, worker_id: str, lease: float) -> subprocess.Popen[str]:
     env = {
         **os.environ,

@@ -45,12 +45,16 @@ class SlotSpec:
     """One slot of a worker: a kind, and how many of its units it runs at once (its lanes).
     ``main``: the worker's loop runs it, one unit at a time. ``claims_ahead``: an idle lane
     claims for every lane not running a unit, and as many again, so short units never wait
-    for a claim. ``wakes_on``: the notification (``job:<wakes_on>``) that wakes the slot."""
+    for a claim. ``claims_overlap``: a claim takes one unit (a batch); the slot has a thread
+    more than its lanes, and while claims find work every idle thread claims, so a claim's
+    statement runs while another's rows are read and the next unit waits for a lane, held.
+    ``wakes_on``: the notification (``job:<wakes_on>``) that wakes the slot."""
 
     kind: Kind[Any, Any]
     lanes: int = 1
     main: bool = False
     claims_ahead: bool = False
+    claims_overlap: bool = False
     wakes_on: str | None = None
     services: Sequence[Any] = field(default_factory=tuple)  # sync.jobs.service.Service
 

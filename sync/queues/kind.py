@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 
 from sync.base.abort import AbortReason
@@ -315,15 +316,18 @@ def slots(parts: WorkerParts) -> Sequence[SlotSpec]:
         limited = spec.global_concurrency is not None
         kind = QueueJobs(queues, name, parts.settings, completions, limited=limited)
         standard = spec.policy is QueuePolicy.STANDARD
+        batched = kind.batch is not None
+        # A batch waiting for a lane would hold room in a fleet-wide limit: such a queue's
+        # claims do not overlap.
         specs.append(
-            SlotSpec(kind, lanes=count, claims_ahead=standard and kind.batch is None, wakes_on=name)
+            SlotSpec(
+                kind,
+                lanes=count,
+                claims_ahead=standard and not batched,
+                claims_overlap=standard and batched and not limited,
+                wakes_on=name,
+            )
         )
     if specs:
-        specs[0] = SlotSpec(
-            specs[0].kind,
-            lanes=specs[0].lanes,
-            claims_ahead=specs[0].claims_ahead,
-            wakes_on=specs[0].wakes_on,
-            services=[QueueCron(queues, parts.settings)],
-        )
+        specs[0] = replace(specs[0], services=[QueueCron(queues, parts.settings)])
     return specs

@@ -7,8 +7,11 @@ Per slot, one idle lane at a time is the *poller*: it claims (for a kind that cl
 every lane not running a unit and as many again to start while its next claim is on the way,
 each held by the lease keeper from the claim on; else one unit), hands the rest to the other
 lanes as they come free, and when nothing is due waits for a wake-up (a NOTIFY of the slot's
-queue, through the worker's listener) or the poll interval. Each unit runs through the worker's
-one executor.
+queue, through the worker's listener) or the poll interval. A slot whose claims overlap (a
+claim takes one unit, a batch) has one thread more than its lanes, and while claims find work
+every idle thread claims: one claim's statement runs on the server while another's rows are
+read, and a unit claimed while every lane is busy waits, held, for the first free one. Each unit
+runs through the worker's one executor.
 
 Without threads (``Worker.poll()`` in tests, ``worker --once``) a lane slot runs one unit per
 poll, in the caller's thread (:meth:`Slot.run_once`)."""
@@ -64,9 +67,12 @@ class Slot:
         self._executor = executor
         self._poll_interval = poll_interval
         self._metrics = metrics
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        self._lane_free = threading.Condition(lock)  # a unit ended: a claimed one may start
         self._claimed: deque[_Claimed] = deque()  # claimed, not started yet
-        self._poller = False  # an idle lane is claiming or waiting for work
+        self._pollers = 0  # threads claiming, or waiting for work as the slot's poller
+        self._found = False  # the last claim found work
         self._woken = False  # a wake-up came while the poller waited
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -95,7 +101,8 @@ class Slot:
         self._stopping.clear()
         self._executor.start()
         self.kind.start()
-        for number in range(1, self.spec.lanes + 1):
+        threads = self.spec.lanes + (1 if self.spec.claims_overlap else 0)
+        for number in range(1, threads + 1):
             thread = threading.Thread(
                 target=self._lane, name=f"{self.kind.name}-{self._scope or 'lane'}-{number}"
             )
@@ -113,6 +120,7 @@ class Slot:
         self._stopping.set()
         with self._cond:
             self._cond.notify_all()
+            self._lane_free.notify_all()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(deadline - time.monotonic(), 0.1))
@@ -165,8 +173,8 @@ class Slot:
                     return None
                 if self._claimed:
                     return self._claimed.popleft()
-                if not self._poller:
-                    self._poller = True
+                if not self._pollers or (self._found and self.spec.claims_overlap):
+                    self._pollers += 1
                     break
                 self._cond.wait()
             lanes = self.spec.lanes
@@ -176,7 +184,8 @@ class Slot:
             self._woken = False
         claimed = self._claim(limit)
         with self._cond:
-            self._poller = False
+            self._pollers -= 1
+            self._found = bool(claimed)
             if claimed:
                 self._claimed.extend(claimed[1:])
                 # As many waiting lanes as there are units for them, and one to claim next.
@@ -210,17 +219,22 @@ class Slot:
         return claimed
 
     def _run(self, claimed: _Claimed) -> None:
-        if self._stopping.is_set() or claimed.held.abort.is_set:
+        with self._cond:
+            while len(self._running_now) >= self.spec.lanes and not self._stopping.is_set():
+                self._lane_free.wait()
+            start = not self._stopping.is_set() and not claimed.held.abort.is_set
+            if start:
+                self._running_now.add(claimed)
+        if not start:
             self._hand_back(claimed)
             return
-        with self._cond:
-            self._running_now.add(claimed)
         try:
             self._executor.run(self.kind, claimed.unit, claimed.held)
             self.units_run += 1
         finally:
             with self._cond:
                 self._running_now.discard(claimed)
+                self._lane_free.notify()
 
     def _hand_back(self, claimed: _Claimed) -> None:
         self._executor.release(claimed.held)
