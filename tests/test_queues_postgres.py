@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from sync import Engine, Settings
-from sync.queues import QueuePolicy, queue_spec
+from sync.queues import JobStatus, QueuePolicy, queue_spec
+from sync.queues.postgres import PostgresQueues
 from sync.store.queries import parse
 from sync.store.sqlfiles import sql_dir
 from tests.plans import explained, nodes
@@ -149,3 +150,15 @@ def test_the_claim_is_one_update_unless_an_attempt_has_expired(engine: Engine, a
     row, plans = explained(admin, claim.replace("10,", "1,"))
     assert (row["id"], row["attempts"]) == (expired, 2)  # taken back and run again first
     assert any("claim_jobs_v2" in p["Query Text"] for p in plans)
+
+
+def test_a_claimed_job_is_the_job_as_stored_field_by_field(engine: Engine) -> None:
+    """The claim's rows are read by position: each field of a claimed job is the stored one."""
+    queues = PostgresQueues(engine.pool)
+    queues.declare_queue(queue_spec("docs.embed", retry_limit=4, expire=90))
+    queues.register("docs.embed", lambda job, abort: None)
+    sent = queues.send("docs.embed", {"doc": 7, "tags": ["a"]}, priority=3)
+    (claimed,) = queues.claim(["docs.embed"], 1)
+    assert claimed.job == queues.get_job(sent)
+    assert claimed.job.status is JobStatus.ACTIVE and claimed.job.priority == 3
+    assert (claimed.spec.retry_limit, claimed.spec.expire) == (4, 90)

@@ -104,8 +104,11 @@ class Completions:
                 self._stopping = False
                 self._thread = threading.Thread(target=self._loop, name="completions", daemon=True)
                 self._thread.start()
+            # Only a thread waiting for a first completion needs waking: one that collects
+            # others wakes at the end of its delay anyway.
+            if not self._pending:
+                self._cond.notify()
             self._pending.extend(attempts)
-            self._cond.notify()
 
     def stop(self) -> None:
         """Write what is pending, then end the thread (the next completion starts another)."""

@@ -100,10 +100,12 @@ _CLAIM_COLUMNS += ["retry_limit", "retry_delay", "retry_ceiling", "expire"]
 
 
 def _claimed_job(cursor: Any) -> Callable[[Sequence[Any]], ClaimedJob]:
-    """A row factory: the claim statement's row as its :class:`ClaimedJob`."""
-    names = [column.name for column in cursor.description or ()]
-    if names != _CLAIM_COLUMNS:
-        raise RuntimeError(f"the claim statement returned columns {names}")
+    """A row factory: the claim statement's row, read by position, as its :class:`ClaimedJob`.
+    Only the count of its columns is checked at each claim: reading their names costs more
+    than the rest of a one-job claim's rows."""
+    result = cursor.pgresult
+    if result is None or result.nfields != len(_CLAIM_COLUMNS):
+        raise RuntimeError("the claim statement does not return a claimed job's columns")
 
     def make(row: Sequence[Any]) -> ClaimedJob:
         job = Job(
