@@ -46,8 +46,8 @@ class SlotSpec:
     ``main``: the worker's loop runs it, one unit at a time. ``claims_ahead``: an idle lane
     claims for every lane not running a unit, and as many again, so short units never wait
     for a claim. ``claims_overlap``: a claim takes one unit (a batch); the slot has a thread
-    more than its lanes, and while claims find work every idle thread claims, so a claim's
-    statement runs while another's rows are read and the next unit waits for a lane, held.
+    more than its lanes, and while claims find work two threads claim at once, so a claim's
+    statement runs while the other's rows are read and the next unit waits for a lane, held.
     ``wakes_on``: the notification (``job:<wakes_on>``) that wakes the slot."""
 
     kind: Kind[Any, Any]

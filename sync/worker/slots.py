@@ -9,8 +9,9 @@ each held by the lease keeper from the claim on; else one unit), hands the rest 
 lanes as they come free, and when nothing is due waits for a wake-up (a NOTIFY of the slot's
 queue, through the worker's listener) or the poll interval. A slot whose claims overlap (a
 claim takes one unit, a batch) has one thread more than its lanes, and while claims find work
-every idle thread claims: one claim's statement runs on the server while another's rows are
-read, and a unit claimed while every lane is busy waits, held, for the first free one. Each unit
+a second idle thread claims beside the poller: one claim's statement runs on the server while
+the other's rows are read, and a unit claimed while every lane is busy waits, held, for the
+first free one. Each unit
 runs through the worker's one executor.
 
 Without threads (``Worker.poll()`` in tests, ``worker --once``) a lane slot runs one unit per
@@ -37,6 +38,10 @@ log = logging.getLogger("sync.slots")
 # it only keeps a failing lane from spinning, and a lane's next claim waits for the database
 # anyway (the pool's own timeout).
 RETRY_AFTER = 0.5
+
+# Claims at once in a slot whose claims overlap: while one's statement runs on the server, the
+# other's rows are read. More would take more pooled connections and gain nothing.
+OVERLAPPING_CLAIMS = 2
 
 # Seconds between a lane slot's claims in polls whose main slot ran a unit: a caller polling
 # through a backlog of sync runs pays no claim of an empty ingestion or queue at each run.
@@ -173,7 +178,8 @@ class Slot:
                     return None
                 if self._claimed:
                     return self._claimed.popleft()
-                if not self._pollers or (self._found and self.spec.claims_overlap):
+                overlap = self._found and self.spec.claims_overlap
+                if not self._pollers or (overlap and self._pollers < OVERLAPPING_CLAIMS):
                     self._pollers += 1
                     break
                 self._cond.wait()
