@@ -11,8 +11,7 @@ queue, through the worker's listener) or the poll interval. A slot whose claims 
 claim takes one unit, a batch) has one thread more than its lanes, and while claims find work
 a second idle thread claims beside the poller: one claim's statement runs on the server while
 the other's rows are read, and a unit claimed while every lane is busy waits, held, for the
-first free one. Each unit
-runs through the worker's one executor.
+first free one. Each unit runs through the worker's one executor.
 
 Without threads (``Worker.poll()`` in tests, ``worker --once``) a lane slot runs one unit per
 poll, in the caller's thread (:meth:`Slot.run_once`)."""
