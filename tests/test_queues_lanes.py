@@ -6,6 +6,7 @@ by another worker process, and completed once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -306,21 +307,34 @@ def _statuses(admin: Any) -> dict[str, int]:
     return {r["status"]: r["n"] for r in rows}
 
 
+@contextlib.contextmanager
+def _second_batch_claimed(
+    engine: Engine, keeper: LeaseKeeper, jobs: int
+) -> Iterator[tuple[PostgresQueues, Batches, list[int], Lanes]]:
+    """One lane of a batch handler of 4 over ``jobs`` jobs, its first batch running and the
+    second claimed; every batch released and the lanes stopped at the end."""
+    queues = PostgresQueues(engine.pool)
+    queues.declare_queue(queue_spec("docs.embed"))
+    handler = Batches()
+    queues.register_batch("docs.embed", handler, size=4)
+    ids = [queues.send("docs.embed", {"doc": n}) for n in range(jobs)]
+    lanes = Lanes(queues, {"docs.embed": 1}, keeper, engine.settings)
+    lanes.start()
+    try:
+        handler.wait_calls(1)
+        assert lanes.wait_for_claims(2, WAIT), "no claim while the first batch ran"
+        yield queues, handler, ids, lanes
+    finally:
+        handler.release(len(ids))
+        lanes.stop()
+
+
 def test_one_lane_of_a_batch_handler_has_the_next_batch_claimed_while_one_runs(
     engine: Engine, keeper: tuple[LeaseKeeper, Ticks], admin: Any
 ) -> None:
     """The lane starts the next batch as its handler returns, without waiting for a claim: the
     batch is claimed (and held) while the one before runs. Still one batch at a time."""
-    queues = PostgresQueues(engine.pool)
-    queues.declare_queue(queue_spec("docs.embed"))
-    handler = Batches()
-    queues.register_batch("docs.embed", handler, size=4)
-    ids = [queues.send("docs.embed", {"doc": n}) for n in range(12)]
-    lanes = Lanes(queues, {"docs.embed": 1}, keeper[0], engine.settings)
-    lanes.start()
-    try:
-        handler.wait_calls(1)
-        assert lanes.wait_for_claims(2, WAIT), "no claim while the first batch ran"
+    with _second_batch_claimed(engine, keeper[0], 12) as (queues, handler, ids, lanes):
         assert _statuses(admin) == {"active": 8, "queued": 4}
         assert len(handler.calls) == 1  # the claimed batch waits for the lane
         handler.release(1)
@@ -330,9 +344,6 @@ def test_one_lane_of_a_batch_handler_has_the_next_batch_claimed_while_one_runs(
             lambda: all(queues.get_job(i).status is JobStatus.COMPLETED for i in ids),
             lanes.completions.flushed,
         )
-    finally:
-        handler.release(len(ids))
-        lanes.stop()
     assert handler.most == 1
     assert [i for call in handler.calls for i in call] == ids
 
@@ -340,20 +351,9 @@ def test_one_lane_of_a_batch_handler_has_the_next_batch_claimed_while_one_runs(
 def test_a_stopping_worker_hands_back_the_batch_claimed_ahead_without_spending_an_attempt(
     engine: Engine, keeper: tuple[LeaseKeeper, Ticks], admin: Any
 ) -> None:
-    queues = PostgresQueues(engine.pool)
-    queues.declare_queue(queue_spec("docs.embed"))
-    handler = Batches()
-    queues.register_batch("docs.embed", handler, size=4)
-    ids = [queues.send("docs.embed", {"doc": n}) for n in range(8)]
-    lanes = Lanes(queues, {"docs.embed": 1}, keeper[0], engine.settings)
-    lanes.start()
-    try:
-        handler.wait_calls(1)
-        assert lanes.wait_for_claims(2, WAIT), "no claim while the first batch ran"
+    with _second_batch_claimed(engine, keeper[0], 8) as (_, handler, ids, lanes):
         lanes.executor.stop()  # as the worker does first when it stops
         handler.look_again()
-    finally:
-        lanes.stop()
     assert len(handler.calls) == 1
     rows = admin.execute("SELECT id, status, attempts FROM jobs ORDER BY id").fetchall()
     assert [(r["id"], r["status"], r["attempts"]) for r in rows] == [(i, "queued", 0) for i in ids]
